@@ -1,0 +1,17 @@
+# The README's commands. Each one does all of its own set-up (idempotent, cached).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: setup artifacts demo test lint perf
+setup:
+	scripts/setup.sh
+artifacts: setup
+	$(PY) -m export build
+demo: artifacts
+	$(PY) -m avatar demo
+test: artifacts
+	$(PY) -m pytest
+lint: setup
+	$(VENV)/bin/ruff format --check . && $(VENV)/bin/ruff check .
+perf: artifacts
+	$(PY) -m perf sweep

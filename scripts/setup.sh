@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Idempotent set-up: Debian packages, the virtual environment, the project and its pinned extras.
+# Re-running it is cheap: the pip step is skipped while pyproject.toml is unchanged.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-python3}
+
+# libb64-0d: perf_analyzer (tritonclient wheel) links against it.
+missing_debs=()
+ldconfig -p | grep -q 'libb64.so.0d' || missing_debs+=(libb64-0d)
+if ((${#missing_debs[@]})); then
+  sudo_cmd=()
+  [ "$(id -u)" = 0 ] || sudo_cmd=(sudo)
+  echo "setup: installing Debian packages: ${missing_debs[*]}"
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${missing_debs[@]}"
+fi
+
+stamp="$VENV/.installed-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
+if [ ! -f "$stamp" ]; then
+  [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+  echo "setup: installing the project into $VENV (pinned versions from pyproject.toml)"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[serve,export,models,dev]"
+  rm -f "$VENV"/.installed-*
+  touch "$stamp"
+fi

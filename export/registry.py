@@ -1,0 +1,23 @@
+"""Model name -> artifact recipe. One line per exported model; imports are lazy so that
+building one stage does not import the heavy dependencies of the others."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+from export.common import ArtifactRecipe
+
+# "model name as in model_repository/": "module:factory"
+RECIPES: dict[str, str] = {
+    "vad": "export.vad:VadRecipe",
+}
+
+
+def recipe(name: str) -> ArtifactRecipe:
+    try:
+        module_name, factory = RECIPES[name].split(":")
+    except KeyError:
+        raise KeyError(f"no export recipe for model {name!r}; known: {sorted(RECIPES)}") from None
+    make: Callable[[], ArtifactRecipe] = getattr(importlib.import_module(module_name), factory)
+    return make()

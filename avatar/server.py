@@ -70,7 +70,9 @@ class TritonInstallation:
 
     def python_stub(self, version: tuple[int, int] | None = None) -> Path:
         major, minor = version or sys.version_info[:2]
-        stub = self.root / "python_backend_stubs" / f"{major}.{minor}" / "triton_python_backend_stub"
+        stub = (
+            self.root / "python_backend_stubs" / f"{major}.{minor}" / "triton_python_backend_stub"
+        )
         if not stub.is_file():
             shipped = sorted(p.name for p in (self.root / "python_backend_stubs").iterdir())
             raise ServerError(
@@ -112,7 +114,6 @@ class ServerOptions:
     log_verbose: int = 0
     startup_timeout_s: float = 180.0
     extra_args: Sequence[str] = ()
-    python_path: Sequence[Path] = ()  # prepended to PYTHONPATH for the python-backend stubs
 
     def resolved(self) -> ServerOptions:
         return dataclasses.replace(
@@ -182,13 +183,10 @@ class EmbeddedServer:
         if env.get("LD_LIBRARY_PATH"):
             libs.append(env["LD_LIBRARY_PATH"])
         env["LD_LIBRARY_PATH"] = os.pathsep.join(libs)
-        # The stubs run the interpreter's own `sys.path`; make this project importable
-        # from the models even when it is not installed into the environment.
-        paths = [str(Path(p).resolve()) for p in self.options.python_path]
-        paths.append(str(Path(__file__).resolve().parent.parent))
-        if env.get("PYTHONPATH"):
-            paths.append(env["PYTHONPATH"])
-        env["PYTHONPATH"] = os.pathsep.join(paths)
+        # The stub's embedded Python ignores PYTHONPATH and finds its prefix through the
+        # first `python3` on PATH: put this interpreter's bin first so that the stubs see
+        # the same virtual environment (and this editable-installed project) as we do.
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         return env
 
     def start(self) -> EmbeddedServer:

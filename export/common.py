@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import hashlib
+import inspect
 import json
 import logging
 import os
@@ -66,10 +67,7 @@ class ArtifactRecipe(abc.ABC):
 
     def key(self) -> str:
         inputs = dict(self.key_inputs())
-        for path in (Path(__file__), Path(type(self).__module__.replace(".", "/") + ".py")):
-            resolved = path if path.is_absolute() else Path(__file__).parent.parent / path
-            inputs[f"code:{path.name}"] = sha256_file(resolved)
-        for path in self.code_files:
+        for path in (Path(__file__), Path(inspect.getfile(type(self))), *self.code_files):
             inputs[f"code:{Path(path).name}"] = sha256_file(path)
         blob = json.dumps(inputs, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]

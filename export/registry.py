@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from pathlib import Path
 
 from export.common import ArtifactRecipe
 
@@ -21,3 +22,10 @@ def recipe(name: str) -> ArtifactRecipe:
         raise KeyError(f"no export recipe for model {name!r}; known: {sorted(RECIPES)}") from None
     make: Callable[[], ArtifactRecipe] = getattr(importlib.import_module(module_name), factory)
     return make()
+
+
+def ensure_all(names: list[str] | None = None, force: bool = False) -> dict[str, Path]:
+    """Build (or find in the cache) the artifacts of `names` (default: every recipe)."""
+    from export.common import ensure
+
+    return {name: ensure(recipe(name), force=force) for name in (names or sorted(RECIPES))}

@@ -1,0 +1,5 @@
+import sys
+
+from avatar.cli import main
+
+sys.exit(main())

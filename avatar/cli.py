@@ -1,0 +1,105 @@
+"""`avatar` command line: materialise a repository, serve it, run the demo."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from avatar.deployment import PROJECT_ROOT, build_repository
+from avatar.repository import TARGETS
+from avatar.server import EmbeddedServer, ServerOptions
+
+log = logging.getLogger("avatar")
+DEFAULT_BUILD = PROJECT_ROOT / "build"
+
+
+def _materialize(args: argparse.Namespace) -> int:
+    models = build_repository(args.out, args.target, args.models or None)
+    for m in models:
+        log.info("%-14s served as %-8s (declared %s)", m.name, m.platform, m.declared_platform)
+    log.info("%s repository written to %s", args.target, args.out)
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    repo = args.out or DEFAULT_BUILD / "repository-embedded"
+    build_repository(repo, "embedded", args.models or None)
+    options = ServerOptions(
+        repo, http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port
+    )
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    with EmbeddedServer(options) as server:
+        log.info(
+            "serving %s: gRPC %s, HTTP %s, metrics %s (log %s); Ctrl-C stops",
+            repo,
+            server.grpc_url,
+            server.http_url,
+            server.metrics_url,
+            server.log_path,
+        )
+        while not stop.wait(1.0):
+            if not server.is_running():
+                log.error("tritonserver exited:\n%s", server.log_tail())
+                return 1
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from avatar.audio import reference_speech, write_wav
+    from clients import vad_stream
+
+    out = Path(args.out or DEFAULT_BUILD / "demo")
+    out.mkdir(parents=True, exist_ok=True)
+    import numpy as np
+
+    silence = np.zeros(8000, np.float32)
+    speech = reference_speech("Hello! Could you tell me what the weather is like today?")
+    wav = write_wav(out / "question.wav", np.concatenate([silence, speech, silence]), 16000)
+    with tempfile.TemporaryDirectory(prefix="avatar-demo-") as tmp:
+        build_repository(Path(tmp) / "repository", "embedded", ["vad"])
+        with EmbeddedServer(ServerOptions(Path(tmp) / "repository")) as server:
+            return vad_stream.main([str(wav), "--url", server.grpc_url])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="avatar", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    mat = sub.add_parser("materialize", help="write a runnable model repository for a target")
+    mat.add_argument("--target", choices=TARGETS, default="embedded")
+    mat.add_argument("--out", type=Path, required=True)
+    mat.add_argument("--models", nargs="*", help="default: every model in model_repository/")
+    mat.set_defaults(run=_materialize)
+
+    serve = sub.add_parser("serve", help="run the embedded tritonserver (CPU, python backend)")
+    serve.add_argument("--http-port", type=int, default=8000)
+    serve.add_argument("--grpc-port", type=int, default=8001)
+    serve.add_argument("--metrics-port", type=int, default=8002)
+    serve.add_argument("--models", nargs="*", help="default: every model in model_repository/")
+    serve.add_argument("--out", type=Path, help="where to materialise (default build/)")
+    serve.set_defaults(run=_serve)
+
+    demo = sub.add_parser("demo", help="start the embedded server and drive it from a client")
+    demo.add_argument(
+        "--out", type=Path, help="where the demo writes its files (default build/demo)"
+    )
+    demo.set_defaults(run=_demo)
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    return int(args.run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

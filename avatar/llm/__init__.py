@@ -1,0 +1,2 @@
+"""Triton-free LLM stage: chat template and persona, tokenizer, sampling, streaming
+sentence boundaries, sessions with bounded memory, prefix cache, batched decode scheduler."""

@@ -1,0 +1,86 @@
+"""Chat messages -> prompt text: validation, persona system prompt, the checkpoint's own
+Jinja chat template (rendered like transformers does, in a sandbox)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from avatar.errors import RequestError
+
+ROLES = ("system", "user", "assistant")
+MAX_PROMPT_CHARS = 16_000  # far above a spoken turn; keeps the context bound meaningful
+
+
+@dataclasses.dataclass(frozen=True)
+class Message:
+    role: str
+    content: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"role": self.role, "content": self.content}
+
+
+def parse_messages(data: Any, max_chars: int = MAX_PROMPT_CHARS) -> list[Message]:
+    """Validate a decoded messages JSON value: a non-empty list of {role, content} with a
+    known role, string content, and at most `max_chars` characters in all."""
+    if not isinstance(data, list) or not data:
+        raise RequestError('messages must be a non-empty JSON list of {"role", "content"}')
+    messages, total = [], 0
+    for i, item in enumerate(data):
+        if not isinstance(item, dict) or "role" not in item or "content" not in item:
+            raise RequestError(f'messages[{i}] must be an object with "role" and "content"')
+        role, content = item["role"], item["content"]
+        if role not in ROLES:
+            raise RequestError(f"messages[{i}].role {role!r} is unknown; expected one of {ROLES}")
+        if not isinstance(content, str):
+            raise RequestError(f"messages[{i}].content must be a string")
+        total += len(content)
+        messages.append(Message(role, content))
+    if total > max_chars:
+        raise RequestError(f"messages hold {total} characters; at most {max_chars} are accepted")
+    if messages[-1].role != "user":
+        raise RequestError("the last message must have role 'user'")
+    if not messages[-1].content.strip():
+        raise RequestError("the last user message is empty")
+    return messages
+
+
+def with_persona(messages: Sequence[Message], persona: str) -> list[Message]:
+    """The persona as the system prompt, unless the client sent its own system message."""
+    if messages and messages[0].role == "system":
+        return list(messages)
+    return [Message("system", persona), *messages]
+
+
+class ChatTemplate:
+    """Renders messages with a checkpoint's Jinja chat template."""
+
+    def __init__(self, source: str, special: dict[str, str] | None = None):
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        self._template = env.from_string(source)
+        self._special = dict(special or {})
+
+    def render(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
+        return self._template.render(
+            messages=[m.to_json() for m in messages],
+            add_generation_prompt=add_generation_prompt,
+            **self._special,
+        )
+
+    def split_system(self, messages: Sequence[Message]) -> tuple[str, str]:
+        """(system prefix text, the rest) such that prefix + rest == render(messages).
+
+        The prefix is the rendering of the system message alone, so its KV cache is shared
+        by every conversation with that system prompt.
+        """
+        full = self.render(messages)
+        if not messages or messages[0].role != "system":
+            return "", full
+        prefix = self.render(messages[:1], add_generation_prompt=False)
+        if not full.startswith(prefix):
+            return "", full
+        return prefix, full[len(prefix) :]

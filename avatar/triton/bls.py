@@ -1,0 +1,85 @@
+"""The one BLS helper: run a request on another model, check for errors, raise typed ones.
+
+Imported only inside the python-backend stub.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from avatar.errors import RequestError, StageError
+
+
+def _request(
+    model: str,
+    inputs: Mapping[str, np.ndarray],
+    outputs: Sequence[str],
+    timeout_us: int,
+) -> pb_utils.InferenceRequest:
+    tensors = [pb_utils.Tensor(name, np.ascontiguousarray(value)) for name, value in inputs.items()]
+    kwargs = {"timeout": timeout_us} if timeout_us else {}
+    return pb_utils.InferenceRequest(
+        model_name=model, inputs=tensors, requested_output_names=list(outputs), **kwargs
+    )
+
+
+def _outputs(model: str, response: pb_utils.InferenceResponse, names: Sequence[str]):
+    if response.has_error():
+        raise StageError(model, response.error().message())
+    result = {}
+    for name in names:
+        tensor = pb_utils.get_output_tensor_by_name(response, name)
+        if tensor is None:
+            raise StageError(model, f"response has no output {name!r}")
+        result[name] = tensor.as_numpy()
+    return result
+
+
+def infer(
+    model: str,
+    inputs: Mapping[str, np.ndarray],
+    outputs: Sequence[str],
+    timeout_us: int = 0,
+) -> dict[str, np.ndarray]:
+    """One synchronous BLS call. Raises StageError with the callee's message on failure."""
+    response = _request(model, inputs, outputs, timeout_us).exec()
+    return _outputs(model, response, outputs)
+
+
+def stream(
+    model: str,
+    inputs: Mapping[str, np.ndarray],
+    outputs: Sequence[str],
+    timeout_us: int = 0,
+) -> Iterator[dict[str, np.ndarray]]:
+    """A decoupled BLS call: yields each non-empty response's outputs until the final flag."""
+    for response in _request(model, inputs, outputs, timeout_us).exec(decoupled=True):
+        if response.has_error():
+            raise StageError(model, response.error().message())
+        if not response.output_tensors():  # the empty final response of a stream
+            continue
+        yield _outputs(model, response, outputs)
+
+
+def error_response(error: Exception) -> pb_utils.InferenceResponse:
+    """A per-request error response; RequestErrors keep their message, others say so."""
+    if isinstance(error, RequestError):
+        message = f"invalid request: {error}"
+    elif isinstance(error, StageError):
+        message = f"stage failed: {error}"
+    else:
+        message = f"internal error: {type(error).__name__}: {error}"
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+
+
+def input_array(request: pb_utils.InferenceRequest, name: str, optional: bool = False):
+    """The named input as numpy, or None when optional and absent."""
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        if optional:
+            return None
+        raise RequestError(f"missing input {name!r}")
+    return tensor.as_numpy()

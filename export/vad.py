@@ -74,8 +74,8 @@ def rewrite(source: Path):  # -> onnx.ModelProto
         helper.make_node("Concat", ["context", "chunk"], ["_vad_input"], axis=1),
         helper.make_node("Transpose", ["state"], ["_state_lstm"], perm=[1, 0, 2]),
     ]
-    for node in then_branch.node:
-        node = onnx.NodeProto.FromString(node.SerializeToString())
+    for original in then_branch.node:
+        node = onnx.NodeProto.FromString(original.SerializeToString())
         node.input[:] = [renames.get(name, name) for name in node.input]
         nodes.append(node)
     nodes += [

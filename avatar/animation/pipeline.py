@@ -23,6 +23,9 @@ for _v, _weights in tables.VISEME_TO_ARKIT.items():
     for _name, _w in _weights.items():
         VISEME_TO_ARKIT_MATRIX[tables.VISEME_INDEX[_v], tables.ARKIT_INDEX[_name]] = _w
 
+SMOOTHING_POLARITY = np.ones(len(tables.ARKIT_NAMES))
+SMOOTHING_POLARITY[[tables.ARKIT_INDEX[n] for n in tables.LIP_CLOSING]] = -1.0
+
 EMOTION_RAMP_S = 0.3  # emotion fades in and out over this time at the sentence edges
 FPS_RANGE = (1.0, 120.0)
 
@@ -78,7 +81,7 @@ def speech_blendshapes(
     weights[closed] = 0.0
     weights[closed, closer[closed]] = 1.0
     arkit = weights @ VISEME_TO_ARKIT_MATRIX
-    arkit = smoothing.ema(arkit, config.alpha, config.attack, hard=closed)
+    arkit = smoothing.ema(arkit, config.alpha, config.attack, closed, SMOOTHING_POLARITY)
     return weights, arkit, closed
 
 

@@ -100,7 +100,7 @@ PUNCTUATION: frozenset[str] = frozenset(".,;:!?¡¿—…\"'()-")
 # Coarticulation dominance (Cohen & Massaro 1993): how strongly a viseme holds its shape
 # against its neighbours. Closures and labiodentals must be reached, vowels give way.
 DOMINANCE: dict[str, float] = {
-    "sil": 1.5, "PP": 3.0, "FF": 2.0, "TH": 1.2, "DD": 0.8, "kk": 0.6, "CH": 1.5, "SS": 1.0,
+    "sil": 1.0, "PP": 1.5, "FF": 2.0, "TH": 1.2, "DD": 0.8, "kk": 0.6, "CH": 1.5, "SS": 1.0,
     "nn": 0.7, "RR": 1.0, "aa": 1.0, "E": 1.0, "ih": 1.0, "oh": 1.2, "ou": 1.2,
 }  # fmt: skip
 
@@ -166,6 +166,11 @@ EMOTION_TO_AU: dict[str, dict[str, float]] = {
     "disgusted": {"AU9": 0.7, "AU10": 0.4, "AU15": 0.4},
 }
 EMOTIONS: tuple[str, ...] = tuple(EMOTION_TO_AU)
+
+# ARKit shapes that press the lips together; released fast when the mouth opens.
+LIP_CLOSING: tuple[str, ...] = (
+    "mouthClose", "mouthPressLeft", "mouthPressRight", "mouthRollLower", "mouthRollUpper",
+)  # fmt: skip
 
 # ARKit shapes that open the lips; suppressed where the lips must stay closed.
 LIP_OPENING: tuple[str, ...] = (

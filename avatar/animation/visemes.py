@@ -21,7 +21,7 @@ from avatar.errors import RequestError
 log = logging.getLogger(__name__)
 
 # Seconds over which a segment's dominance decays outside it (anticipation / carry-over).
-DECAY_S: dict[str, float] = {"PP": 0.012, "sil": 0.03}
+DECAY_S: dict[str, float] = {"PP": 0.008, "sil": 0.015}
 DEFAULT_DECAY_S = 0.035
 
 
@@ -181,13 +181,14 @@ def closure_mask(
     if len(times) == 0:
         return mask, which
     step = times[1] - times[0] if len(times) > 1 else 1.0
-    for s in segments:
+    for k, s in enumerate(segments):
+        last = k == len(segments) - 1
         if s.viseme == "PP":
             inside = (times >= s.start) & (times < s.end)
             inside[int(np.clip(np.rint(s.center / step), 0, len(times) - 1))] = True
         elif s.viseme == "sil":
             lead = min(pause_lead, 0.5 * (s.end - s.start))
-            inside = (times >= s.start + lead) & (times <= s.end)
+            inside = (times >= s.start + lead) & ((times < s.end) | last)
         else:
             continue
         mask |= inside

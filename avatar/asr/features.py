@@ -51,17 +51,15 @@ def mel_filters(n_mels: int = 80, sample_rate: int = SAMPLE_RATE, n_fft: int = N
     return weights.astype(np.float32)
 
 
-def log_mel(audio: np.ndarray, n_mels: int = 80, pad_to: int | None = N_SAMPLES) -> np.ndarray:
-    """Log-mel features of 16-kHz mono audio.
+def log_mel(audio: np.ndarray, n_mels: int = 80, padding: int = HOP_LENGTH) -> np.ndarray:
+    """Log-mel features of 16-kHz mono audio, as faster-whisper computes them.
 
-    audio: [samples] float32. pad_to: zero-pad (or trim) the audio to this many samples first
-    (Whisper's 30-s window), None to keep its length.
-    Returns [n_mels, samples // 160] float32, scaled as Whisper expects ((log10 + 4) / 4,
-    floored 8 below the maximum).
+    audio: [samples] float32; `padding` zero samples are appended first.
+    Returns [n_mels, (samples + padding) // 160] float32, scaled as Whisper expects
+    ((log10 + 4) / 4, floored 8 below the maximum over the whole input).
     """
     audio = np.asarray(audio, dtype=np.float32).reshape(-1)
-    if pad_to is not None:
-        audio = np.pad(audio[:pad_to], (0, max(0, pad_to - len(audio))))
+    audio = np.pad(audio, (0, padding)) if padding else audio
     padded = np.pad(audio, N_FFT // 2, mode="reflect")  # torch.stft(center=True)
     n_frames = 1 + (len(padded) - N_FFT) // HOP_LENGTH
     frames = np.lib.stride_tricks.as_strided(
@@ -73,3 +71,11 @@ def log_mel(audio: np.ndarray, n_mels: int = 80, pad_to: int | None = N_SAMPLES)
     spec = np.log10(np.maximum(mel, 1e-10))
     spec = np.maximum(spec, spec.max() - 8.0)
     return ((spec + 4.0) / 4.0).astype(np.float32)
+
+
+def pad_or_trim(mel: np.ndarray, frames: int = N_FRAMES) -> np.ndarray:
+    """[n_mels, n] -> [n_mels, frames]: trimmed, or zero-padded (zeros in log-mel units, as
+    faster-whisper pads a window)."""
+    if mel.shape[-1] >= frames:
+        return np.ascontiguousarray(mel[..., :frames])
+    return np.pad(mel, [(0, 0)] * (mel.ndim - 1) + [(0, frames - mel.shape[-1])])

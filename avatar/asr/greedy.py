@@ -1,0 +1,117 @@
+"""Greedy Whisper decoding over an abstract encoder/decoder, several windows in lockstep.
+
+A `WhisperRuntime` runs the two exported networks (ONNX Runtime in-process, or BLS calls to
+the Triton models `asr_encoder` / `asr_decoder`). Every window of a batch has the same prompt
+length, so one decoder call advances all of them by one token; finished rows are fed `eot`.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+
+import numpy as np
+
+from avatar.asr.rules import apply_rules, log_softmax
+from avatar.asr.vocab import WhisperVocab
+
+
+class WhisperRuntime(abc.ABC):
+    """The exported Whisper networks. Shapes: L decoder layers, H heads, Dh = d_model / H."""
+
+    @abc.abstractmethod
+    def encode(self, mel: np.ndarray) -> np.ndarray:
+        """mel [batch, n_mels, frames] float32 -> cross_kv [batch, 2L, H, frames/2, Dh]
+        (per layer: cross-attention keys at 2i, values at 2i+1)."""
+
+    @abc.abstractmethod
+    def decode(
+        self, tokens: np.ndarray, self_kv: np.ndarray, cross_kv: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """tokens [batch, n] int64, self_kv [batch, 2L, H, past, Dh], cross_kv as `encode`
+        -> (logits of the last position [batch, vocab], self_kv [batch, 2L, H, past + n, Dh])."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeOptions:
+    language: str | None = None  # None: detect per window
+    task: str = "transcribe"  # or "translate"
+    timestamps: bool = True
+    max_new_tokens: int = 224  # openai/whisper's sample_len (half the text context)
+    max_initial_timestamp_index: int | None = 50  # 1.0 s
+
+
+@dataclasses.dataclass
+class WindowResult:
+    tokens: list[int]  # sampled tokens, without the prompt and without eot
+    language: str
+    language_probability: float
+    no_speech_prob: float
+    avg_logprob: float
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    return np.exp(log_softmax(x))
+
+
+def greedy_decode(
+    runtime: WhisperRuntime, mel: np.ndarray, vocab: WhisperVocab, options: DecodeOptions
+) -> list[WindowResult]:
+    """Decode a batch of windows. mel: [batch, n_mels, frames] float32."""
+    batch = mel.shape[0]
+    cross_kv = runtime.encode(mel)
+    empty = np.zeros(
+        (batch, cross_kv.shape[1], cross_kv.shape[2], 0, cross_kv.shape[4]), np.float32
+    )
+    logits, self_kv = runtime.decode(np.full((batch, 1), vocab.sot, np.int64), empty, cross_kv)
+    no_speech = _softmax(logits)[:, vocab.no_speech]
+    lang_ids = np.array(sorted(vocab.languages.values()))
+    if options.language is None:
+        lang_probs = _softmax(logits[:, lang_ids])
+        chosen = lang_ids[lang_probs.argmax(-1)]
+        lang_prob = lang_probs.max(-1)
+    else:
+        chosen = np.full(batch, vocab.language_id(options.language))
+        lang_prob = np.ones(batch)
+    task = vocab.transcribe if options.task == "transcribe" else vocab.translate
+    prompt = [
+        [int(lang), task] + ([] if options.timestamps else [vocab.no_timestamps]) for lang in chosen
+    ]
+    logits, self_kv = runtime.decode(np.array(prompt, np.int64), self_kv, cross_kv)
+
+    sampled: list[list[int]] = [[] for _ in range(batch)]
+    done = np.zeros(batch, bool)
+    sum_logprob = np.zeros(batch)
+    for step in range(options.max_new_tokens):
+        masked = apply_rules(
+            logits,
+            sampled,
+            vocab,
+            step == 0,
+            timestamps=options.timestamps,
+            max_initial_timestamp_index=options.max_initial_timestamp_index,
+        )
+        logprobs = log_softmax(masked)
+        next_tokens = masked.argmax(-1)
+        for k in range(batch):
+            if done[k]:
+                continue
+            sum_logprob[k] += logprobs[k, next_tokens[k]]
+            if next_tokens[k] == vocab.eot:
+                done[k] = True
+            else:
+                sampled[k].append(int(next_tokens[k]))
+        if done.all():
+            break
+        feed = np.where(done, vocab.eot, next_tokens).astype(np.int64)[:, None]
+        logits, self_kv = runtime.decode(feed, self_kv, cross_kv)  # finished rows: ignored
+    return [
+        WindowResult(
+            tokens=sampled[k],
+            language=vocab.language_code(int(chosen[k])),
+            language_probability=float(lang_prob[k]),
+            no_speech_prob=float(no_speech[k]),
+            avg_logprob=float(sum_logprob[k] / (len(sampled[k]) + 1)),
+        )
+        for k in range(batch)
+    ]

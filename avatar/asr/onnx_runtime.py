@@ -1,0 +1,35 @@
+"""`WhisperRuntime` over two ONNX files run in-process by ONNX Runtime (tests, reports)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from avatar.asr.greedy import WhisperRuntime
+
+
+class OnnxWhisperRuntime(WhisperRuntime):
+    """encoder/decoder: paths of the `asr_encoder` and `asr_decoder` ONNX files."""
+
+    def __init__(self, encoder: Path, decoder: Path, threads: int = 1):
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3
+        cpu = ["CPUExecutionProvider"]
+        self.encoder = ort.InferenceSession(str(encoder), options, providers=cpu)
+        self.decoder = ort.InferenceSession(str(decoder), options, providers=cpu)
+
+    def encode(self, mel: np.ndarray) -> np.ndarray:
+        (cross_kv,) = self.encoder.run(["cross_kv"], {"mel": mel.astype(np.float32)})
+        return cross_kv
+
+    def decode(
+        self, tokens: np.ndarray, self_kv: np.ndarray, cross_kv: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        feeds = {"tokens": tokens.astype(np.int64), "self_kv": self_kv, "cross_kv": cross_kv}
+        logits, present = self.decoder.run(["logits", "self_kv_out"], feeds)
+        return logits, present

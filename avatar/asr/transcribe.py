@@ -1,0 +1,200 @@
+"""Audio -> transcript with segment timestamps: request checks, Whisper's sequential 30-s
+windows (as faster-whisper runs them, without conditioning on previous text), several requests
+decoded in lockstep.
+
+Long audio is never truncated: after each window, decoding resumes at the last complete
+timestamp (or the window's end), exactly like faster-whisper's `generate_segments`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from avatar.asr.features import N_FRAMES, SAMPLE_RATE, SECONDS_PER_POSITION, log_mel, pad_or_trim
+from avatar.asr.greedy import DecodeOptions, WhisperRuntime, greedy_decode
+from avatar.asr.vocab import WhisperVocab
+from avatar.errors import RequestError
+
+FRAME_SECONDS = 1.0 / 100  # one mel frame
+SUPPORTED_RATES = (8_000, 11_025, 16_000, 22_050, 24_000, 32_000, 44_100, 48_000)
+
+
+@dataclasses.dataclass(frozen=True)
+class AsrOptions:
+    decode: DecodeOptions = dataclasses.field(default_factory=DecodeOptions)
+    max_seconds: float = 300.0  # longer requests are refused (the caller splits them)
+    silence_peak: float = 1e-4  # audio whose peak is below this (-80 dBFS) is silence
+    no_speech_threshold: float | None = 0.6  # skip a window whose <|nocaptions|> prob is higher
+    log_prob_threshold: float = -1.0  # ...unless its average log-prob is above this
+    window_step: int | None = None  # None: 3000-frame windows; n: pad to a multiple of n frames
+
+
+@dataclasses.dataclass
+class Segment:
+    start: float  # seconds from the start of the audio
+    end: float
+    text: str
+
+
+@dataclasses.dataclass
+class Transcript:
+    text: str
+    language: str
+    language_probability: float
+    segments: list[Segment]
+    duration: float  # seconds of audio
+
+
+def check_audio(
+    audio: np.ndarray, sample_rate: int = SAMPLE_RATE, max_seconds: float = 300.0
+) -> np.ndarray:
+    """Validate one request's audio; return it as [samples] float32 at 16 kHz.
+
+    Accepts [samples] or [1, samples] float (any float dtype); resamples the rates in
+    SUPPORTED_RATES; raises RequestError for anything else.
+    """
+    audio = np.asarray(audio)
+    if audio.ndim == 2 and audio.shape[0] == 1:
+        audio = audio[0]
+    if audio.ndim != 1:
+        raise RequestError(
+            f"audio must be mono samples of shape [samples]; got shape {list(audio.shape)}"
+        )
+    if not np.issubdtype(audio.dtype, np.floating):
+        raise RequestError(f"audio must be float32 samples in [-1, 1]; got dtype {audio.dtype}")
+    if audio.size == 0:
+        raise RequestError("audio is empty; expected at least one sample of 16 kHz mono float32")
+    if not np.all(np.isfinite(audio)):
+        raise RequestError(f"audio has {int(np.sum(~np.isfinite(audio)))} NaN or Inf samples")
+    if sample_rate not in SUPPORTED_RATES:
+        raise RequestError(
+            f"sample rate {sample_rate} Hz is not supported; "
+            f"send 16000 Hz (or one of {list(SUPPORTED_RATES)})"
+        )
+    seconds = audio.size / sample_rate
+    if seconds > max_seconds:
+        raise RequestError(f"audio is {seconds:.1f} s long; at most {max_seconds:g} s per request")
+    audio = audio.astype(np.float32)
+    if sample_rate != SAMPLE_RATE:
+        from scipy.signal import resample_poly
+
+        g = math.gcd(sample_rate, SAMPLE_RATE)
+        audio = resample_poly(audio, SAMPLE_RATE // g, sample_rate // g).astype(np.float32)
+    return audio
+
+
+@dataclasses.dataclass
+class _State:
+    mel: np.ndarray  # [80, frames]
+    content_frames: int
+    language: str | None
+    seek: int = 0
+    language_probability: float = 1.0
+    segments: list[Segment] = dataclasses.field(default_factory=list)
+
+
+def split_segments(
+    tokens: list[int], vocab: WhisperVocab, offset: float, size: int, seek: int
+) -> tuple[list[tuple[float, float, list[int]]], int]:
+    """faster-whisper's `_split_segments_by_timestamps`: (start, end, tokens) per segment of a
+    window at `seek` of `size` frames, and the next seek."""
+    ts = vocab.timestamp_begin
+    single_ending = len(tokens) >= 2 and tokens[-2] < ts <= tokens[-1]
+    pairs = [i for i in range(1, len(tokens)) if tokens[i] >= ts and tokens[i - 1] >= ts]
+    if not pairs:
+        stamps = [t for t in tokens if t >= ts]
+        duration = size * FRAME_SECONDS
+        if stamps and stamps[-1] != ts:
+            duration = (stamps[-1] - ts) * SECONDS_PER_POSITION
+        return [(offset, offset + duration, tokens)], seek + size
+    cuts = [*pairs, len(tokens)] if single_ending else pairs
+    segments, last = [], 0
+    for cut in cuts:
+        piece = tokens[last:cut]
+        start = offset + (piece[0] - ts) * SECONDS_PER_POSITION
+        segments.append((start, offset + (piece[-1] - ts) * SECONDS_PER_POSITION, piece))
+        last = cut
+    if single_ending:
+        return segments, seek + size
+    return segments, seek + (tokens[last - 1] - ts) * 2  # 2 mel frames per position
+
+
+def _window_frames(size: int, step: int | None) -> int:
+    return N_FRAMES if step is None else min(N_FRAMES, step * math.ceil(size / step))
+
+
+def transcribe(
+    runtime: WhisperRuntime,
+    vocab: WhisperVocab,
+    audios: Sequence[np.ndarray],
+    options: AsrOptions = AsrOptions(),
+) -> list[Transcript]:
+    """Transcribe checked 16-kHz audios ([samples] float32 each), decoding them in lockstep."""
+    states = []
+    for audio in audios:
+        mel = log_mel(audio)
+        silent = float(np.abs(audio).max()) < options.silence_peak
+        states.append(_State(mel, 0 if silent else mel.shape[1] - 1, options.decode.language))
+    while active := [s for s in states if s.seek < s.content_frames]:
+        sizes = [min(N_FRAMES, s.content_frames - s.seek) for s in active]
+        frames = max(_window_frames(n, options.window_step) for n in sizes)
+        mel = np.stack(
+            [
+                pad_or_trim(s.mel[:, s.seek : s.seek + n], frames)
+                for s, n in zip(active, sizes, strict=True)
+            ]
+        )
+        languages = [s.language for s in active]
+        results = _decode_rows(runtime, vocab, mel, languages, options.decode)
+        for state, size, result in zip(active, sizes, results, strict=True):
+            if state.language is None:
+                state.language, state.language_probability = (
+                    result.language,
+                    result.language_probability,
+                )
+            skip = (
+                options.no_speech_threshold is not None
+                and result.no_speech_prob > options.no_speech_threshold
+                and result.avg_logprob <= options.log_prob_threshold
+            )
+            if skip:
+                state.seek += size
+                continue
+            offset = state.seek * FRAME_SECONDS
+            pieces, state.seek = split_segments(result.tokens, vocab, offset, size, state.seek)
+            for start, end, tokens in pieces:
+                text = vocab.decode(tokens)
+                if text.strip():
+                    state.segments.append(Segment(round(start, 3), round(end, 3), text))
+    return [
+        Transcript(
+            text="".join(seg.text for seg in s.segments).strip(),
+            language=s.language or (options.decode.language or ""),
+            language_probability=s.language_probability,
+            segments=s.segments,
+            duration=(s.mel.shape[1] - 1) * FRAME_SECONDS,
+        )
+        for s in states
+    ]
+
+
+def _decode_rows(runtime, vocab, mel, languages, options: DecodeOptions):
+    """Rows with a known language and rows that detect it go in one batch when all agree."""
+    if len(set(languages)) == 1:
+        return greedy_decode(
+            runtime, mel, vocab, dataclasses.replace(options, language=languages[0])
+        )
+    results: list = [None] * len(languages)
+    for lang in set(languages):
+        rows = [i for i, x in enumerate(languages) if x == lang]
+        for i, r in zip(
+            rows,
+            greedy_decode(runtime, mel[rows], vocab, dataclasses.replace(options, language=lang)),
+            strict=True,
+        ):
+            results[i] = r
+    return results

@@ -11,7 +11,11 @@ from export.common import ArtifactRecipe
 
 # "model name as in model_repository/": "module:factory"
 RECIPES: dict[str, str] = {
+    "asr_encoder": "export.asr:EncoderRecipe",
+    "asr_decoder": "export.asr:DecoderRecipe",
     "vad": "export.vad:VadRecipe",
+    "tts_vits": "export.tts:VitsRecipe",
+    "llm_decoder": "export.llm:LlmDecoderRecipe",
 }
 
 

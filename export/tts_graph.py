@@ -5,12 +5,12 @@ and returns `output [B, 1, 1, S]`. `rewrite()` turns it into a graph for a Trito
 with dynamic batching and reproducible audio:
 
     phoneme_ids      int64   [batch, phonemes]     ^ _ p0 _ p1 ... $, padded with 0
-    phoneme_lengths  int64   [batch]               valid ids per item
+    phoneme_lengths  int64   [batch, 1]            valid ids per item
     scales           float32 [batch, 3]            noise_scale, length_scale, noise_w per item
     noise_phonemes   float32 [batch, 2, n]         N(0, 1) for the duration predictor's flow
     noise_frames     float32 [batch, 192, m]       N(0, 1) for the prior over frames
  -> audio            float32 [batch, samples]      zeros after audio_lengths
-    audio_lengths    int64   [batch]               256 * sum(durations)
+    audio_lengths    int64   [batch, 1]            256 * sum(durations)
     durations        int64   [batch, phonemes]     frames (of 256 samples) per id; 0 for padding
 
 The two RandomNormalLike ops become the noise inputs. Their lengths are free (n, m >= 1):
@@ -214,17 +214,23 @@ def rewrite(model: onnx.ModelProto) -> onnx.ModelProto:
         "valid",
     )
     audio = b.node("Mul", [raw, b.node("Cast", [valid], "valid_f", to=TensorProto.FLOAT)], "audio")
-    for name, src in (("audio", audio), ("audio_lengths", audio_lengths), ("durations", durations)):
+    audio_lengths_b1 = b.node("Unsqueeze", [audio_lengths, axis1], "audio_lengths_b1")
+    for name, src in (
+        ("audio", audio),
+        ("audio_lengths", audio_lengths_b1),
+        ("durations", durations),
+    ):
         graph.node.append(helper.make_node("Identity", [src], [name], name=f"/surgery/{name}"))
 
     # -- interface: renamed inputs, new outputs
     _replace_input(graph, "input", "phoneme_ids")
-    _replace_input(graph, "input_lengths", "phoneme_lengths")
+    lengths = b.node("Squeeze", ["phoneme_lengths", axis1], "phoneme_lengths_b")
+    _replace_input(graph, "input_lengths", lengths)
     del graph.input[:]
     graph.input.extend(
         [
             _tensor("phoneme_ids", TensorProto.INT64, ["batch", "phonemes"]),
-            _tensor("phoneme_lengths", TensorProto.INT64, ["batch"]),
+            _tensor("phoneme_lengths", TensorProto.INT64, ["batch", 1]),
             _tensor("scales", TensorProto.FLOAT, ["batch", 3]),
             _tensor("noise_phonemes", TensorProto.FLOAT, ["batch", 2, "noise_phonemes_len"]),
             _tensor(
@@ -236,7 +242,7 @@ def rewrite(model: onnx.ModelProto) -> onnx.ModelProto:
     graph.output.extend(
         [
             _tensor("audio", TensorProto.FLOAT, ["batch", "samples"]),
-            _tensor("audio_lengths", TensorProto.INT64, ["batch"]),
+            _tensor("audio_lengths", TensorProto.INT64, ["batch", 1]),
             _tensor("durations", TensorProto.INT64, ["batch", "phonemes"]),
         ]
     )

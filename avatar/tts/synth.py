@@ -89,10 +89,10 @@ def batch_inputs(
 ) -> dict[str, np.ndarray]:
     """Items -> the graph's inputs; ids padded with 0 to a multiple of `pad_to`.
 
-    phoneme_ids int64 [B, L], phoneme_lengths int64 [B], scales float32 [B, 3],
+    phoneme_ids int64 [B, L], phoneme_lengths int64 [B, 1], scales float32 [B, 3],
     noise_phonemes float32 [B, 2, n], noise_frames float32 [B, 192, m].
     """
-    lengths = np.array([len(ids) for ids in id_lists], np.int64)
+    lengths = np.array([[len(ids)] for ids in id_lists], np.int64)
     width = int(-(-lengths.max() // pad_to) * pad_to)
     ids = np.zeros((len(id_lists), width), np.int64)
     for row, item in enumerate(id_lists):
@@ -168,7 +168,7 @@ class Synthesizer:
             yield from self.synthesize_chunks([chunk], controls)
 
     def _result(self, chunk: Chunk, outputs: Mapping[str, np.ndarray], row: int) -> SentenceAudio:
-        length = int(outputs["audio_lengths"][row])
+        length = int(outputs["audio_lengths"][row, 0])
         names, starts, ends = phoneme_timings(
             chunk, np.asarray(outputs["durations"][row]), self.config.seconds_per_frame
         )

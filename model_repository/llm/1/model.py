@@ -1,0 +1,144 @@
+"""`llm`: decoupled BLS model, chat messages -> streamed reply (a thin adapter).
+
+All logic is in avatar/llm (unit-tested without a server). This file parses the config,
+wraps `llm_decoder` as an `avatar.llm.decoder.Decoder` through avatar.triton.bls, and maps
+scheduler events to responses. `execute` returns at once: a background scheduler thread
+runs the decode steps of every active stream as one batched call.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from avatar.llm.decoder import Decoder, KvLayout, Past
+from avatar.llm.engine import ChatEngine, EngineConfig
+from avatar.llm.sampling import SamplingParams
+from avatar.llm.scheduler import Event
+from avatar.llm.tokenizer import Tokenizer
+from avatar.triton import bls
+from avatar.triton.params import ModelParameters
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+class TritonDecoder(Decoder):
+    """`llm_decoder` called through BLS; tensor names from its own config."""
+
+    def __init__(self, model: str, layout: KvLayout):
+        self.model, self.layout = model, layout
+        self._past, self._outputs = layout.past_names(), ["logits", *layout.present_names()]
+
+    def step(self, input_ids, attention_mask, position_ids, past: Past):
+        inputs = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": position_ids,
+        }
+        inputs.update(zip(self._past, past, strict=True))
+        out = bls.infer(self.model, inputs, self._outputs)
+        return out["logits"], [out[name] for name in self._outputs[1:]]
+
+
+def _artifact_folder(repository: Path, decoder_model: str) -> Path:
+    """The decoder's artifact folder (tokenizer and chat template live there): the
+    materialiser links `<decoder>/1/model.onnx` to it."""
+    onnx = repository.parent / decoder_model / "1" / "model.onnx"
+    if not onnx.exists():
+        raise FileNotFoundError(f"{onnx} is missing: materialise the repository first")
+    return onnx.resolve().parent
+
+
+def _layout(folder: Path) -> KvLayout:
+    config = json.loads((folder / "config.json").read_text())
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    return KvLayout(config["num_hidden_layers"], config["num_key_value_heads"], head_dim)
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, str]) -> None:
+        params = ModelParameters(json.loads(args["model_config"]))
+        decoder_model = params.str("decoder_model", "llm_decoder")
+        folder = _artifact_folder(Path(args["model_repository"]), decoder_model)
+        config = EngineConfig(
+            persona=params.str("persona", EngineConfig.persona),
+            context_tokens=params.int("context_tokens", EngineConfig.context_tokens),
+            max_batch=params.int("max_batch", EngineConfig.max_batch),
+            prefix_cache_entries=params.int("prefix_cache_entries", 16),
+            sessions=params.int("sessions", EngineConfig.sessions),
+            sampling=SamplingParams.from_json(json.loads(params.str("sampling", "{}"))),
+        )
+        decoder = TritonDecoder(decoder_model, _layout(folder))
+        self.engine = ChatEngine(decoder, Tokenizer(folder), config)
+        self.engine.scheduler.start()
+        pb_utils.Logger.log_info(
+            f"llm: {folder.name} via {decoder_model}, batch {config.max_batch}"
+        )
+
+    def execute(self, requests: list) -> None:
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                turn = self.engine.parse(
+                    _text(request, "messages"),
+                    _text(request, "session_id", optional=True),
+                    _text(request, "sampling", optional=True),
+                )
+                self.engine.submit(turn, _Stream(sender).emit, request.is_cancelled)
+            except Exception as error:  # this request fails; the model keeps serving
+                pb_utils.Logger.log_warn(f"llm: {type(error).__name__}: {error}")
+                sender.send(bls.error_response(error), flags=FINAL)
+
+    def finalize(self) -> None:
+        self.engine.scheduler.stop()
+        pb_utils.Logger.log_info("llm: finalized")
+
+
+class _Stream:
+    """Maps scheduler events of one request to responses; closes the stream once."""
+
+    def __init__(self, sender):
+        self.sender = sender
+
+    def emit(self, event: Event) -> None:
+        try:
+            self._emit(event)
+        except Exception as error:  # e.g. the client went away; generation still ends
+            pb_utils.Logger.log_warn(f"llm: could not send a response: {error}")
+
+    def _emit(self, event: Event) -> None:
+        if event.finish_reason == "error":
+            message = pb_utils.TritonError(f"generation failed: {event.error}")
+            self.sender.send(pb_utils.InferenceResponse(error=message), flags=FINAL)
+            return
+        for chunk in event.chunks:
+            self.sender.send(_response(chunk.text, chunk.sentence or "", "", ""))
+        if event.finish_reason is not None:
+            stats = json.dumps(event.stats or {})
+            self.sender.send(_response("", "", event.finish_reason, stats), flags=FINAL)
+
+
+def _text(request, name: str, optional: bool = False) -> str:
+    array = bls.input_array(request, name, optional=optional)
+    if array is None:
+        return ""
+    value = array.reshape(-1)[0]
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def _response(text: str, sentence: str, finish: str, stats: str):
+    def tensor(name: str, value: str):
+        return pb_utils.Tensor(name, np.array([value.encode("utf-8")], dtype=object))
+
+    return pb_utils.InferenceResponse(
+        output_tensors=[
+            tensor("text", text),
+            tensor("sentence", sentence),
+            tensor("finish_reason", finish),
+            tensor("stats", stats),
+        ]
+    )

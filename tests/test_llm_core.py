@@ -1,0 +1,157 @@
+"""Unit tests of the Triton-free LLM core (no model): validation, sampling, streaming
+text, sentence boundaries, context bound, prefix cache, KV batching helpers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from avatar.errors import RequestError
+from avatar.llm.cache import PrefixCache
+from avatar.llm.decoder import KvLayout, left_pad, positions, stack_pasts, unstack_presents
+from avatar.llm.sampling import Sampler, SamplingParams
+from avatar.llm.session import bound_context
+from avatar.llm.stream import SentenceSplitter, TextStream
+from avatar.llm.template import ChatTemplate, Message, parse_messages, with_persona
+
+CHATML = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+@pytest.mark.parametrize(
+    ("data", "words"),
+    [
+        ([], "non-empty"),
+        ("hello", "non-empty"),
+        ([{"role": "wizard", "content": "hi"}], "unknown"),
+        ([{"role": "user"}], '"content"'),
+        ([{"role": "user", "content": 3}], "string"),
+        ([{"role": "user", "content": "x" * 100_000}], "100000 characters"),
+        ([{"role": "assistant", "content": "hi"}], "last message"),
+        ([{"role": "user", "content": "   "}], "empty"),
+    ],
+)
+def test_bad_messages_are_request_errors(data, words):
+    with pytest.raises(RequestError, match=words):
+        parse_messages(data)
+
+
+def test_persona_and_template_split():
+    messages = with_persona(parse_messages([{"role": "user", "content": "Hi"}]), "Be Mia.")
+    template = ChatTemplate(CHATML)
+    prefix, rest = template.split_system(messages)
+    assert prefix == "<|im_start|>system\nBe Mia.<|im_end|>\n"
+    assert prefix + rest == template.render(messages)
+    assert rest.endswith("<|im_start|>assistant\n")
+    own = [Message("system", "Own."), Message("user", "Hi")]
+    assert with_persona(own, "Be Mia.") == own
+
+
+@pytest.mark.parametrize(
+    ("raw", "words"),
+    [
+        ({"temperature": -1}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"top_k": -2}, "top_k"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": 1.5}, "max_tokens"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"seed": "a"}, "seed"),
+        ({"stop": [""]}, "stop"),
+        ({"temprature": 1}, "unknown sampling keys"),
+    ],
+)
+def test_bad_sampling_values_are_request_errors(raw, words):
+    with pytest.raises(RequestError, match=words):
+        SamplingParams.from_json(raw)
+
+
+def test_sampler_greedy_seed_and_filters():
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal(100).astype(np.float32)
+    best = int(logits.argmax())
+    assert Sampler(SamplingParams(temperature=0)).choose(logits, []) == best
+    assert Sampler(SamplingParams(temperature=1.0, top_k=1)).choose(logits, []) == best
+    params = SamplingParams(temperature=1.5, top_p=0.95, top_k=0, seed=7)
+    one, two = Sampler(params), Sampler(params)
+    seq_one = [one.choose(logits, []) for _ in range(20)]
+    seq_two = [two.choose(logits, []) for _ in range(20)]
+    assert seq_one == seq_two  # same seed, same draws
+    assert len(set(seq_one)) > 1  # it does sample
+    top3 = set(np.argsort(-logits)[:3].tolist())
+    sampler = Sampler(SamplingParams(temperature=5.0, top_k=3, top_p=1.0, seed=1))
+    assert {sampler.choose(logits, []) for _ in range(50)} <= top3
+    penalised = Sampler(SamplingParams(temperature=0, repetition_penalty=10.0))
+    peaked = np.zeros(10, np.float32)
+    peaked[[2, 5]] = [3.0, 2.0]
+    assert penalised.choose(peaked, [2]) == 5
+
+
+def test_text_stream_holds_back_stop_prefix_and_partial_utf8():
+    pieces = {1: "Hello", 2: " wor", 3: "ld", 4: " EN", 5: "D here"}
+    stream = TextStream(lambda ids: "".join(pieces[i] for i in ids), stop=["END"])
+    assert stream.push(1) == "Hello"
+    assert stream.push(2) + stream.push(3) == " world"
+    assert stream.push(4) == " "  # "EN" may start "END": held back
+    assert stream.push(5) == ""
+    assert stream.stopped and stream.finish() == ""
+    raw = "é".encode()
+    utf = TextStream(lambda ids: bytes(raw[: len(ids)]).decode("utf-8", errors="replace"))
+    assert utf.push(0) == "" and utf.push(1) == "é"
+
+
+def test_sentence_splitter_marks_sentences_across_tokens():
+    splitter = SentenceSplitter()
+    chunks = []
+    for delta in ["Hello", "! I am Dr", ". Smith, it costs 3", ".5 dollars. ", "Bye", "\n", "ok"]:
+        chunks += splitter.push(delta)
+    sentences = [c.sentence for c in chunks if c.sentence]
+    assert sentences == ["Hello!", "I am Dr. Smith, it costs 3.5 dollars.", "Bye"]
+    assert "".join(c.text for c in chunks) == "Hello! I am Dr. Smith, it costs 3.5 dollars. Bye\nok"
+    assert splitter.flush() == "ok"
+
+
+def test_bound_context_drops_oldest_turns_keeps_system():
+    msgs = [Message("system", "S")]
+    for i in range(5):
+        msgs += [Message("user", f"u{i}"), Message("assistant", f"a{i}")]
+    msgs.append(Message("user", "now"))
+    kept = bound_context(msgs, len, 4)  # one "token" per message
+    assert kept[0].role == "system" and kept[-1].content == "now"
+    assert [m.content for m in kept] == ["S", "u4", "a4", "now"]
+    with pytest.raises(RequestError, match="context allows"):
+        bound_context(msgs, len, 1)
+
+
+def test_prefix_cache_longest_match_and_truncation():
+    cache = PrefixCache(capacity=2)
+    past = [np.arange(10, dtype=np.float32).reshape(1, 1, 10, 1)]
+    cache.put([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], past)
+    cache.put([1, 2], [p[:, :, :2] for p in past])
+    n, got = cache.lookup([1, 2, 3, 4, 99])
+    assert n == 4 and got[0].shape[2] == 4 and got[0][0, 0, -1, 0] == 3
+    n, _ = cache.lookup([1, 2, 3])  # leaves one token to run
+    assert n == 2
+    assert cache.lookup([7, 7])[1] is None
+    cache.put([5], [p[:, :, :1] for p in past])
+    assert len(cache) == 2
+
+
+def test_stack_and_unstack_pasts_round_trip():
+    layout = KvLayout(layers=1, kv_heads=2, head_dim=3)
+    rng = np.random.default_rng(0)
+    pasts = [
+        [rng.standard_normal((1, 2, n, 3)).astype(np.float32) for _ in range(2)] for n in (2, 5)
+    ]
+    batched, mask = stack_pasts(pasts, [2, 5])
+    assert batched[0].shape == (2, 2, 5, 3) and mask.tolist()[0] == [0, 0, 0, 1, 1]
+    rows = unstack_presents(batched, [2, 5])
+    for row, past in zip(rows, pasts, strict=True):
+        np.testing.assert_array_equal(row[0], past[0])
+    ids, m = left_pad([[4, 5], [6]], pad_id=0)
+    assert ids.tolist() == [[4, 5], [0, 6]] and positions(m, 2).tolist() == [[0, 1], [0, 0]]
+    assert layout.empty(2)[0].shape == (2, 2, 0, 3)

@@ -1,0 +1,125 @@
+"""avatar.asr without any model run: features, vocabulary, logit rules, segments, input checks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from avatar.asr.features import N_FRAMES, log_mel, pad_or_trim
+from avatar.asr.rules import apply_rules
+from avatar.asr.transcribe import check_audio, split_segments
+from avatar.asr.vocab import WhisperVocab
+from avatar.errors import RequestError
+
+
+@pytest.fixture(scope="module")
+def vocab() -> WhisperVocab:
+    from export.asr_weights import packaged_ct2_dir
+
+    folder = packaged_ct2_dir()
+    return WhisperVocab.load(folder / "tokenizer.json", folder / "config.json")
+
+
+@pytest.fixture(scope="module")
+def speech() -> np.ndarray:
+    from export.asr_clips import synthesize
+
+    return synthesize("What time does the museum open on Sunday?")
+
+
+def test_log_mel_matches_faster_whisper_and_transformers(speech):
+    from faster_whisper.feature_extractor import FeatureExtractor
+    from transformers import WhisperFeatureExtractor
+
+    mel = log_mel(speech)
+    reference = FeatureExtractor()(speech)
+    assert mel.shape == reference.shape == (80, (len(speech) + 160) // 160)
+    assert np.abs(mel - reference).max() < 1e-5
+    full = log_mel(np.pad(speech, (0, 16000 * 30 - len(speech))), padding=0)
+    hf = WhisperFeatureExtractor()(speech, sampling_rate=16000, return_tensors="np")
+    assert np.abs(full - hf.input_features[0]).max() < 5e-5
+    assert pad_or_trim(mel).shape == (80, N_FRAMES)
+    assert np.all(pad_or_trim(mel)[:, mel.shape[1] :] == 0)
+
+
+def test_vocab_matches_faster_whisper(vocab):
+    import tokenizers
+    from faster_whisper.tokenizer import Tokenizer
+    from faster_whisper.transcribe import get_suppressed_tokens
+
+    hf = tokenizers.Tokenizer.from_file(str(vocab.tokenizer_path))
+    reference = Tokenizer(hf, True, "transcribe", "en")
+    assert vocab.suppress == tuple(get_suppressed_tokens(reference, [-1]))
+    assert vocab.timestamp_begin == reference.timestamp_begin == 50364
+    assert len(vocab.languages) == 99 and vocab.language_id("zh") == 50260
+    assert (
+        vocab.decode([50364, 2425, 11, 577, 366, 291, 965, 30, 50438])
+        == " Hello, how are you today?"
+    )
+    with pytest.raises(RequestError, match="unknown language 'xx'"):
+        vocab.language_id("xx")
+
+
+def _flat(vocab: WhisperVocab, rows: int = 1) -> np.ndarray:
+    return np.zeros((rows, 51865), np.float32)
+
+
+def test_first_step_forces_an_early_timestamp(vocab):
+    ts = vocab.timestamp_begin
+    logits = _flat(vocab)
+    logits[0, 440] = 50.0  # a text token would win without the rules
+    masked = apply_rules(logits, [[]], vocab, True)
+    assert masked[0].argmax() >= ts
+    assert np.all(np.isinf(masked[0, :ts])) and np.all(np.isinf(masked[0, ts + 51 :]))
+    assert np.isfinite(masked[0, ts + 50])
+
+
+def test_timestamps_pair_and_never_decrease(vocab):
+    ts = vocab.timestamp_begin
+    logits = _flat(vocab, 3)
+    logits[1, vocab.eot] = 20.0  # more likely than all timestamps together
+    sampled = [[ts + 10, 440], [ts + 10, 440, ts + 30], [ts + 10, 440, ts + 30, ts + 30]]
+    masked = apply_rules(logits, sampled, vocab, False)
+    assert np.all(np.isinf(masked[0, ts : ts + 11])) and np.isfinite(masked[0, ts + 11])
+    assert np.all(np.isinf(masked[1, : vocab.eot])) and np.isfinite(masked[1, vocab.eot])
+    assert np.isfinite(masked[1, ts + 30])  # closing a segment at the same time is allowed
+    assert np.all(np.isinf(masked[2, ts:]))  # after a pair: text or end
+    assert np.all(np.isinf(masked[:, vocab.no_timestamps]))
+    assert np.all(np.isinf(masked[:, list(vocab.suppress)]))
+
+
+def test_split_segments_like_faster_whisper(vocab):
+    ts = vocab.timestamp_begin
+    tokens = [ts, 1000, 1001, ts + 50, ts + 50, 1002, ts + 100]
+    segments, seek = split_segments(tokens, vocab, offset=2.0, size=1500, seek=200)
+    assert [(s, e) for s, e, _ in segments] == [(2.0, 3.0), (3.0, 4.0)]
+    assert seek == 200 + 1500  # single timestamp ending: the whole window is consumed
+    segments, seek = split_segments([*tokens[:5], 1002], vocab, 0.0, 3000, 0)
+    assert len(segments) == 1 and seek == 100  # unfinished segment: resume at 1.0 s
+    segments, seek = split_segments([1000, 1001], vocab, 0.0, 250, 0)
+    assert segments == [(0.0, 2.5, [1000, 1001])] and seek == 250
+
+
+@pytest.mark.parametrize(
+    ("audio", "rate", "message"),
+    [
+        (np.zeros(0, np.float32), 16000, "empty"),
+        (np.array([0.1, np.nan, 0.2], np.float32), 16000, "NaN or Inf"),
+        (np.array([0.1, np.inf], np.float32), 16000, "NaN or Inf"),
+        (np.zeros((2, 100), np.float32), 16000, r"shape \[2, 100\]"),
+        (np.zeros(100, np.int16), 16000, "dtype int16"),
+        (np.zeros(16000 * 600, np.float32), 16000, "600.0 s long; at most 300 s"),
+        (np.zeros(7000, np.float32), 7000, "7000 Hz is not supported"),
+    ],
+)
+def test_bad_audio_is_refused_with_a_reason(audio, rate, message):
+    with pytest.raises(RequestError, match=message):
+        check_audio(audio, rate)
+
+
+def test_other_rates_are_resampled():
+    tone = np.sin(2 * np.pi * 440 * np.arange(44100) / 44100).astype(np.float32)
+    out = check_audio(tone[None, :], 44100)
+    assert out.dtype == np.float32 and out.shape == (16000,)
+    spectrum = np.abs(np.fft.rfft(out))
+    assert abs(int(spectrum.argmax()) - 440) <= 1  # 1-Hz bins over one second

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from avatar.tts.normalize import normalize
 from avatar.tts.phonemes import Chunk, Phonemizer, prepare
 from avatar.tts.synth import Controls, Synthesizer, onnx_infer
 from avatar.tts.voice import packaged_voice
@@ -54,7 +55,9 @@ WER_SENTENCES = (
 
 
 def _words(text: str) -> list[str]:
-    return re.sub(r"[^a-z' ]", " ", text.lower().replace("-", " ")).split()
+    """Lower-case words; digits spelled out ('2' and 'two' are the same word)."""
+    spelled = normalize(text.replace("%", " percent"))
+    return re.sub(r"[^a-z' ]", " ", spelled.lower().replace("-", " ")).split()
 
 
 def word_errors(reference: str, hypothesis: str) -> tuple[int, int]:
@@ -68,7 +71,8 @@ def word_errors(reference: str, hypothesis: str) -> tuple[int, int]:
     return row[len(hyp)], len(ref)
 
 
-def _transcriber():
+def transcriber():
+    """audio float32 [samples], sample_rate -> transcript (Whisper base, CTranslate2, CPU)."""
     from faster_whisper import WhisperModel
     from scipy.signal import resample_poly
 
@@ -113,7 +117,7 @@ def report(fp32_folder: Path, sentences: int = len(WER_SENTENCES)) -> dict[str, 
     texts = WER_SENTENCES[:sentences]
     chunks = [c for t in texts for c in prepare(t, phonemizer).chunks]
     controls = Controls.defaults(voice.config, seed=1234)
-    transcribe = _transcriber()
+    transcribe = transcriber()
     figures: dict[str, dict] = {}
     reference_audio: list[np.ndarray] = []
     for name, folder in folders.items():

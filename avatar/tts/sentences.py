@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-_SENTENCE_END_RE = re.compile(r"(?<=[.!?])[\"')]*\s+|\n+")
+_SENTENCE_END_RE = re.compile(r"(?:(?<=[.!?])|(?<=[.!?][\"')]))\s+|\n+")
 _CLAUSE_RE = re.compile(r"(?<=[,;:])\s+|\s+(?=\()|(?<=\))\s+|\s+-\s+")
 
 

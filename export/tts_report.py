@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 THREADS = 1
 WER_SENTENCES = (
     "The library closes early on public holidays.",
-    "My neighbour grows tomatoes and peppers in her garden.",
+    "My neighbor grows tomatoes and peppers in her garden.",
     "Turn left after the bridge and follow the river.",
     "The pilot announced a short delay because of fog.",
     "Children were playing football in the park after school.",

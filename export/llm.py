@@ -150,11 +150,19 @@ class LlmDecoderRecipe(ArtifactRecipe):
 
 
 def quantize_int4(source: Path, target: Path, block: int = INT4_BLOCK) -> None:
-    """MatMul weights -> MatMulNBits (4-bit, symmetric, per-block scales); activations fp32."""
+    """MatMul weights -> MatMulNBits: 4-bit, asymmetric, blocks of 32 along the input axis
+    (the grid of the GGUF's Q4_1), int8 compute (accuracy level 4: fastest on CPU); the
+    tied lm_head stays fp32. Measured alternatives (20 prompts x 32 tokens, exact / first
+    token agreement with fp32): symmetric 0/20, 12/20; asymmetric fp32 compute 0/20, 13/20
+    and slower than fp32; this one 0/20, 14/20 and ~1.8x faster at batch 1."""
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-    quantizer = MatMulNBitsQuantizer(onnx.load(str(source)), block_size=block, is_symmetric=True)
+    model = onnx.load(str(source))
+    lm_head = [n.name for n in model.graph.node if n.op_type == "MatMul" and "lm_head" in n.name]
+    quantizer = MatMulNBitsQuantizer(
+        model, block_size=block, is_symmetric=False, accuracy_level=4, nodes_to_exclude=lm_head
+    )
     quantizer.process()
     quantizer.model.save_model_to_file(str(target), use_external_data_format=False)
 

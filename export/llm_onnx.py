@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -129,7 +130,10 @@ def export_decoder(model: Any, path: Path, opset: int = OPSET) -> DecoderDims:
     axes.update({n: {0: "batch", 2: "past_sequence"} for n in past_names})
     axes.update({n: {0: "batch", 2: "total_sequence"} for n in present_names})
     log.info("exporting %d-layer decoder to %s (opset %d)", dims.layers, path, opset)
-    with torch.no_grad():
+    # TracerWarnings: the DynamicCache's lazy-init branch is traced once (an empty tensor
+    # concatenated with the past), which is right for every past length, 0 included.
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
         torch.onnx.export(
             module,
             _example_inputs(dims),

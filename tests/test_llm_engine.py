@@ -1,0 +1,156 @@
+"""The real SmolLM2 export (built once, cached) and the chat engine on it: verification
+record, config vs sidecar, prefix cache, batched concurrent streams, seeds, stop strings,
+cancellation, sessions with a bounded context."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from avatar.llm.decoder import OrtDecoder
+from avatar.llm.engine import ChatEngine, EngineConfig
+from avatar.llm.sampling import SamplingParams
+from avatar.llm.scheduler import Event
+from avatar.llm.tokenizer import Tokenizer
+from avatar.sidecar import Sidecar
+from export.common import ensure
+from export.llm import LlmDecoderRecipe
+
+pytest.importorskip("torch")
+GREEDY = json.dumps({"temperature": 0, "max_tokens": 24})
+
+
+@pytest.fixture(scope="module")
+def artifact():
+    return ensure(LlmDecoderRecipe())
+
+
+@pytest.fixture(scope="module")
+def decoder(artifact):
+    return OrtDecoder(artifact / "model.onnx")
+
+
+def engine(artifact, decoder, **options) -> ChatEngine:
+    config = EngineConfig(sampling=SamplingParams(temperature=0, max_tokens=24), **options)
+    return ChatEngine(decoder, Tokenizer(artifact), config)
+
+
+def turn(content: str) -> str:
+    return json.dumps([{"role": "user", "content": content}])
+
+
+def run(eng: ChatEngine, content: str, session: str = "", sampling: str = GREEDY):
+    events = list(eng.chat(turn(content), session, sampling))
+    text = "".join(c.text for e in events for c in e.chunks)
+    return text, events[-1]
+
+
+def test_verification_record(artifact):
+    validation = Sidecar.load(artifact).validation
+    for label in ("batch1", "batch5_left_padded"):
+        record = validation["greedy_vs_pytorch"][label]
+        assert record["prompts"] >= 20 and record["tokens"] >= 32
+        assert record["exact"] == record["prompts"]
+    int4 = validation["variants"]["model_int4.onnx"]
+    default = validation["default_variant"]
+    assert default == "model.onnx" or (default == "model_int4.onnx" and int4["passes_gate"])
+    assert (artifact / "model_int4.onnx").is_file()
+
+
+def test_config_matches_sidecar(artifact):
+    from pathlib import Path
+
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    path = Path(__file__).parent.parent / "model_repository" / "llm_decoder" / "config.pbtxt"
+    config = text_format.Parse(path.read_text(), mc.ModelConfig())
+    sidecar = Sidecar.load(artifact)
+    for declared, exported in ((config.input, sidecar.inputs), (config.output, sidecar.outputs)):
+        assert [t.name for t in declared] == [t.name for t in exported]
+        for t, spec in zip(declared, exported, strict=True):
+            assert list(t.dims) == spec.triton_dims(sidecar.batch_axis), t.name
+            assert mc.DataType.Name(t.data_type) == spec.triton_dtype, t.name
+
+
+def test_prefix_cache_reuses_system_prompt_and_keeps_tokens(artifact, decoder):
+    eng = engine(artifact, decoder)
+    first, end1 = run(eng, "What is the capital of France?")
+    second, end2 = run(eng, "Name a colour.")
+    assert end1.stats["cached_tokens"] == 0
+    assert end2.stats["cached_tokens"] >= 20  # the persona's tokens
+    fresh, _ = run(engine(artifact, decoder), "Name a colour.")
+    assert second == fresh and first
+
+
+def test_concurrent_streams_batch_and_match_alone(artifact, decoder):
+    prompts = ["Hello!", "Tell me a joke.", "Why is the sky blue?"]
+    alone = [run(engine(artifact, decoder), p)[0] for p in prompts]
+    eng = engine(artifact, decoder)
+    texts = {p: [] for p in prompts}
+    ends: list[Event] = []
+    for p in prompts:
+        request = eng.parse(turn(p), "", GREEDY)
+
+        def emit(event: Event, p: str = p) -> None:
+            texts[p].extend(c.text for c in event.chunks)
+            if event.finish_reason:
+                ends.append(event)
+
+        eng.submit(request, emit)
+    eng.scheduler.run_until_idle()
+    assert ["".join(texts[p]) for p in prompts] == alone
+    assert eng.scheduler.batch_rows / eng.scheduler.steps > 2  # steps really were batched
+
+
+def test_seed_stop_and_sentences(artifact, decoder):
+    eng = engine(artifact, decoder)
+    sampled = json.dumps({"temperature": 1.0, "seed": 11, "max_tokens": 24})
+    assert (
+        run(eng, "Describe a cat.", sampling=sampled)[0]
+        == run(eng, "Describe a cat.", sampling=sampled)[0]
+    )
+    stopped = json.dumps({"temperature": 0, "max_tokens": 40, "stop": ["."]})
+    text, end = run(eng, "What is two plus two? Explain.", sampling=stopped)
+    assert "." not in text and end.finish_reason == "stop"
+    events = list(
+        eng.chat(
+            turn("Tell me two facts about the moon."),
+            "",
+            json.dumps({"temperature": 0, "max_tokens": 60}),
+        )
+    )
+    sentences = [c.sentence for e in events for c in e.chunks if c.sentence]
+    assert sentences and all(s[-1] in ".!?" or s == sentences[-1] for s in sentences)
+
+
+def test_cancellation_stops_within_one_step(artifact, decoder):
+    eng = engine(artifact, decoder)
+    seen: list[Event] = []
+    eng.submit(
+        eng.parse(
+            turn("Write a long story about a dragon."),
+            "",
+            json.dumps({"temperature": 0, "max_tokens": 200}),
+        ),
+        seen.append,
+        is_cancelled=lambda: len(seen) >= 3,
+    )
+    eng.scheduler.run_until_idle()
+    assert seen[-1].finish_reason == "cancelled"
+    assert seen[-1].stats["completion_tokens"] <= 4
+
+
+def test_session_memory_and_bounded_context(artifact, decoder):
+    eng = engine(artifact, decoder, context_tokens=160)
+    run(eng, "My name is Alice.", session="a")
+    _, end = run(eng, "What is my name?", session="a")
+    history = eng.sessions.history("a")
+    assert [m.role for m in history] == ["system", "user", "assistant", "user", "assistant"]
+    assert end.stats["cached_tokens"] > 40  # the first turn's KV was reused
+    for i in range(4):
+        run(eng, f"Question number {i}: what is {i} plus {i}?", session="a")
+    history = eng.sessions.history("a")
+    assert history[0].role == "system" and history[1].content != "My name is Alice."
+    assert eng.count_tokens(history[:-1]) <= 160 - 24

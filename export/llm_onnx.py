@@ -27,6 +27,7 @@ from avatar.llm.decoder import KvLayout
 log = logging.getLogger(__name__)
 
 OPSET = 17
+MASKED = -1.0e4  # additive attention mask value of hidden positions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +77,10 @@ def _decoder_step_module(model: Any):
             causal = key_pos[None, :] <= query_pos[:, None]  # [S, T]
             allowed = causal[None, None, :, :] & attention_mask[:, None, None, :].bool()
             zero = torch.zeros((), dtype=torch.float32)
-            neg = torch.tensor(torch.finfo(torch.float32).min, dtype=torch.float32)
+            # -1e4, not finfo.min: finite in FP16 too (TensorRT engines), so a fully masked
+            # (padded) query row averages instead of producing NaN that would leak into the
+            # KV cache; in FP32 exp(-1e4) is exactly 0, so results are unchanged.
+            neg = torch.tensor(MASKED, dtype=torch.float32)
             mask4d = torch.where(allowed, zero, neg)  # [B, 1, S, T] additive
             cache = DynamicCache()
             for i in range(len(past) // 2):

@@ -114,9 +114,10 @@ def compare_step(reference: Decoder, candidate: Decoder, vocab: int, seed: int =
             context,
         )
         names = layout.present_names()
+        keep = mask.astype(bool)  # padded positions' KV is never attended to: don't-care
         results += compare_outputs(
-            dict(zip(names, ref_kv, strict=True)),
-            dict(zip(names, got_kv, strict=True)),
+            _real_positions(names, ref_kv, keep),
+            _real_positions(names, got_kv, keep),
             dict.fromkeys(names, KV_TOLERANCE),
             context,
         )
@@ -127,6 +128,11 @@ def compare_step(reference: Decoder, candidate: Decoder, vocab: int, seed: int =
         "present_max_abs": worst_kv,
         "logits_tolerance": dataclasses.asdict(LOGIT_TOLERANCE),
     }
+
+
+def _real_positions(names: list[str], kv: Past, keep: np.ndarray) -> dict[str, np.ndarray]:
+    """Each present [B, H, T, D] at its unpadded positions only: [real positions, H, D]."""
+    return {n: p.transpose(0, 2, 1, 3)[keep] for n, p in zip(names, kv, strict=True)}
 
 
 def prefix_agreement(a: Sequence[int], b: Sequence[int]) -> int:

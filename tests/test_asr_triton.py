@@ -1,0 +1,90 @@
+"""The asr BLS model on the embedded tritonserver: transcripts equal faster-whisper's,
+concurrent requests are answered, bad requests get clear per-request errors."""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import numpy as np
+import pytest
+
+from export.asr_clips import clips
+from export.asr_report import reference_transcripts
+
+pytestmark = pytest.mark.server
+ASR_MODELS = ("asr", "asr_encoder", "asr_decoder")
+
+
+@pytest.fixture(scope="module")
+def grpc_url(tmp_path_factory) -> str:
+    from avatar.deployment import build_repository
+    from avatar.server import EmbeddedServer, ServerOptions
+
+    repository = tmp_path_factory.mktemp("asr_repository") / "models"
+    build_repository(repository, "embedded", ASR_MODELS)
+    with EmbeddedServer(ServerOptions(repository, models=ASR_MODELS)) as server:
+        yield server.grpc_url
+
+
+def _infer(url: str, audio: np.ndarray, rate: int | None = None, language: str | None = None):
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(url)
+    inputs = [grpcclient.InferInput("audio", [1, audio.size], "FP32")]
+    inputs[0].set_data_from_numpy(audio.reshape(1, -1))
+    if rate is not None:
+        inputs.append(grpcclient.InferInput("sample_rate", [1, 1], "INT32"))
+        inputs[-1].set_data_from_numpy(np.array([[rate]], np.int32))
+    if language is not None:
+        inputs.append(grpcclient.InferInput("language", [1, 1], "BYTES"))
+        inputs[-1].set_data_from_numpy(np.array([[language.encode()]], np.object_))
+    names = ["text", "detected_language", "segment_times", "segment_texts"]
+    result = client.infer(
+        "asr", inputs, outputs=[grpcclient.InferRequestedOutput(n) for n in names]
+    )
+    return {n: result.as_numpy(n) for n in names}
+
+
+def test_concurrent_transcripts_equal_faster_whisper(grpc_url):
+    items = clips(6)
+    references = reference_transcripts(items)
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        results = list(pool.map(lambda c: _infer(grpc_url, c.audio), items))
+    for clip, reference, result in zip(items, references, results, strict=True):
+        assert result["text"][0, 0].decode() == reference
+        assert result["detected_language"][0, 0] == b"en"
+        times = result["segment_times"][0]
+        assert times.shape[1] == 2 and 0 <= times[0, 0] < times[-1, 1] <= clip.seconds + 0.5
+        assert b" ".join(result["segment_texts"][0]).decode() in reference
+
+
+def test_forced_language_and_resampled_input(grpc_url):
+    from scipy.signal import resample_poly
+
+    clip = clips(1)[0]
+    audio_48k = resample_poly(clip.audio, 3, 1).astype(np.float32)
+    result = _infer(grpc_url, audio_48k, rate=48000, language="en")
+    assert "how are you" in result["text"][0, 0].decode().lower()
+
+
+def test_silence_is_an_empty_transcript(grpc_url):
+    result = _infer(grpc_url, np.zeros(16000, np.float32))
+    assert result["text"][0, 0] == b"" and result["segment_times"].shape == (1, 0, 2)
+
+
+@pytest.mark.parametrize(
+    ("audio", "rate", "language", "message"),
+    [
+        (np.zeros(0, np.float32), None, None, "audio is empty"),
+        (np.array([0.0, np.nan], np.float32), None, None, "NaN or Inf"),
+        (np.zeros(16000 * 600, np.float32), None, None, "at most 300 s"),
+        (np.zeros(16000, np.float32), 7000, None, "7000 Hz is not supported"),
+        (np.zeros(16000, np.float32), None, "xx", "unknown language 'xx'"),
+    ],
+)
+def test_bad_requests_get_clear_errors(grpc_url, audio, rate, language, message):
+    from tritonclient.utils import InferenceServerException
+
+    with pytest.raises(InferenceServerException, match=message):
+        _infer(grpc_url, audio, rate, language)
+    assert _infer(grpc_url, clips(1)[0].audio)["text"][0, 0]  # the model keeps serving

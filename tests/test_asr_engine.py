@@ -1,0 +1,55 @@
+"""TensorRT recipes for asr_encoder / asr_decoder: profiles from the real sidecars; the
+engine build itself needs TensorRT and skips without it."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from avatar.sidecar import Sidecar, TensorSpec
+from export.asr_engine import Profile, build_engine, trtexec_command
+
+
+@pytest.fixture(scope="module")
+def sidecars() -> dict[str, Sidecar]:
+    from export.asr import build_all
+
+    return {Sidecar.load(folder).model: Sidecar.load(folder) for folder in build_all()}
+
+
+def _flags(cmd: list[str]) -> dict[str, str]:
+    return dict(c.split("=", 1) for c in cmd[1:] if "=" in c)
+
+
+def test_encoder_profile(sidecars, tmp_path):
+    flags = _flags(
+        trtexec_command(tmp_path / "m.onnx", tmp_path / "m.plan", sidecars["asr_encoder"])
+    )
+    assert flags["--minShapes"] == "mel:1x80x300"
+    assert flags["--maxShapes"] == "mel:8x80x3000"
+
+
+def test_decoder_profile(sidecars, tmp_path):
+    cmd = trtexec_command(tmp_path / "m.onnx", tmp_path / "m.plan", sidecars["asr_decoder"], "fp32")
+    flags = _flags(cmd)
+    assert flags["--minShapes"] == "tokens:1x1,self_kv:1x12x8x0x64,cross_kv:1x12x8x150x64"
+    assert flags["--maxShapes"] == "tokens:8x3,self_kv:8x12x8x447x64,cross_kv:8x12x8x1500x64"
+    assert "--fp16" not in cmd
+
+
+def test_unknown_axis_and_precision_are_errors(tmp_path):
+    sidecar = Sidecar("x", [TensorSpec("a", "float32", ("batch", "mystery"))], [])
+    with pytest.raises(ValueError, match="mystery"):
+        Profile().shapes(sidecar)
+    with pytest.raises(ValueError, match="int8"):
+        trtexec_command(tmp_path / "m.onnx", tmp_path / "m.plan", Sidecar("x", [], []), "int8")
+
+
+@pytest.mark.tensorrt
+@pytest.mark.skipif(shutil.which("trtexec") is None, reason="TensorRT (trtexec) is not installed")
+def test_build_engines():
+    from export.asr import build_all
+
+    for folder in build_all():
+        assert build_engine(folder).stat().st_size > 1_000_000

@@ -150,12 +150,11 @@ def report(encoder_dir: Path, decoder_dir: Path, count: int | None = None) -> No
     single = time.perf_counter() - started
     print(f"8 clips: lockstep batch {batched:.1f} s, one after another {single:.1f} s")
 
-    for variant in ("int8", "fp16"):
-        runtime = OnnxWhisperRuntime(
-            encoder_dir / f"model.{variant}.onnx", decoder_dir / f"model.{variant}.onnx"
-        )
+    files = {"fp32": "model.onnx", "int8": "model.int8.onnx", "fp16": "model.fp16.onnx"}
+    for enc, dec in (("int8", "int8"), ("fp16", "fp16"), ("int8", "fp32"), ("fp32", "int8")):
+        runtime = OnnxWhisperRuntime(encoder_dir / files[enc], decoder_dir / files[dec])
         got = [transcribe(runtime, vocab, [a])[0].text for a in audios]
         print()
-        _compare(variant, got, refs, texts)
+        _compare(f"encoder {enc}, decoder {dec}", got, refs, texts)
         print(f"  encoder ms 3000 frames: {encoder_ms(runtime, 3000):.1f}; decoder ms/token: "
               f"{decoder_ms_per_token(runtime):.1f}")  # fmt: skip

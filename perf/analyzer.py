@@ -1,0 +1,183 @@
+"""perf_analyzer from the `tritonclient` wheel: locate it, give it its libraries, run it.
+
+The manylinux wheel of tritonclient 2.50 ships `perf_analyzer` in the environment's
+bin/; it links against `libcudart.so.12` (from the `nvidia-cuda-runtime-cu12` wheel, no
+GPU needed) and Debian's `libb64-0d` (scripts/setup.sh installs it).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+
+class PerfAnalyzerError(RuntimeError):
+    pass
+
+
+def binary() -> Path:
+    candidate = Path(sys.executable).parent / "perf_analyzer"
+    found = candidate if candidate.is_file() else shutil.which("perf_analyzer")
+    if not found:
+        raise PerfAnalyzerError("perf_analyzer not found: run scripts/setup.sh (tritonclient 2.50)")
+    return Path(found)
+
+
+def environment() -> dict[str, str]:
+    env = dict(os.environ)
+    spec = importlib.util.find_spec("nvidia.cuda_runtime")
+    if spec is None or not spec.submodule_search_locations:
+        raise PerfAnalyzerError(
+            "nvidia-cuda-runtime-cu12 is not installed (perf_analyzer needs libcudart.so.12)"
+        )
+    lib = Path(next(iter(spec.submodule_search_locations))) / "lib"
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(lib), env.get("LD_LIBRARY_PATH")]))
+    return env
+
+
+def input_data_file(samples: Sequence[Mapping[str, np.ndarray]], folder: Path) -> Path:
+    """perf_analyzer's --input-data JSON: one entry per sample, shapes without the batch."""
+    data = []
+    for sample in samples:
+        data.append(
+            {
+                name: {"content": np.asarray(a).reshape(-1).tolist(), "shape": list(a.shape)}
+                for name, a in sample.items()
+            }
+        )
+    path = Path(folder) / "input_data.json"
+    path.write_text(json.dumps({"data": data}))
+    return path
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepPoint:
+    model: str
+    concurrency: int
+    throughput_per_s: float
+    p50_ms: float
+    p90_ms: float
+    p95_ms: float
+    p99_ms: float
+    avg_ms: float
+    server_queue_ms: float
+    server_compute_ms: float
+
+    FIELDS = ["model", "concurrency", "throughput_per_s", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "avg_ms", "server_queue_ms", "server_compute_ms"]
+
+
+def _parse_csv(path: Path, model: str) -> list[SweepPoint]:
+    rows = list(csv.DictReader(path.open()))
+    points = []
+    for row in rows:
+        us = {k: float(v) for k, v in row.items() if k != "Concurrency" and v not in ("", None)}
+        points.append(
+            SweepPoint(
+                model=model,
+                concurrency=int(row["Concurrency"]),
+                throughput_per_s=us["Inferences/Second"],
+                p50_ms=us["p50 latency"] / 1000,
+                p90_ms=us["p90 latency"] / 1000,
+                p95_ms=us["p95 latency"] / 1000,
+                p99_ms=us["p99 latency"] / 1000,
+                avg_ms=(
+                    us["Client Send"]
+                    + us["Network+Server Send/Recv"]
+                    + us["Server Queue"]
+                    + us["Server Compute Input"]
+                    + us["Server Compute Infer"]
+                    + us["Server Compute Output"]
+                    + us["Client Recv"]
+                )
+                / 1000,
+                server_queue_ms=us["Server Queue"] / 1000,
+                server_compute_ms=(
+                    us["Server Compute Input"]
+                    + us["Server Compute Infer"]
+                    + us["Server Compute Output"]
+                )
+                / 1000,
+            )
+        )
+    return points
+
+
+def sweep(
+    url: str,
+    model: str,
+    concurrency: Sequence[int],
+    input_data: Path | None = None,
+    measurement_ms: int = 3000,
+    streaming: bool = False,
+    extra_args: Sequence[str] = (),
+) -> list[SweepPoint]:
+    """One perf_analyzer run per concurrency level over gRPC; returns the parsed points."""
+    points = []
+    with tempfile.TemporaryDirectory(prefix="perf-") as tmp:
+        for level in concurrency:
+            report = Path(tmp) / f"c{level}.csv"
+            cmd = [
+                str(binary()),
+                "-m",
+                model,
+                "-u",
+                url,
+                "-i",
+                "grpc",
+                f"--concurrency-range={level}:{level}",
+                f"--measurement-interval={measurement_ms}",
+                "--percentile=95",
+                "-f",
+                str(report),
+                *extra_args,
+            ]
+            if input_data:
+                cmd.append(f"--input-data={input_data}")
+            if streaming:
+                cmd.append("--streaming")
+            log.info("perf_analyzer: %s concurrency %d", model, level)
+            done = subprocess.run(
+                cmd, env=environment(), capture_output=True, text=True, check=False
+            )
+            if done.returncode != 0 or not report.is_file():
+                raise PerfAnalyzerError(
+                    f"perf_analyzer failed ({done.returncode}) for {model} at concurrency "
+                    f"{level}:\n{(done.stdout + done.stderr)[-3000:]}"
+                )
+            points += _parse_csv(report, model)
+    return points
+
+
+def write_csv(points: Sequence[SweepPoint], path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(SweepPoint.FIELDS)
+        for p in points:
+            writer.writerow([getattr(p, f) for f in SweepPoint.FIELDS])
+    return path
+
+
+def format_table(points: Sequence[SweepPoint]) -> str:
+    head = f"{'model':<10} {'conc':>4} {'infer/s':>9} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'queue ms':>9} {'compute ms':>10}"
+    lines = [head, "-" * len(head)]
+    for p in points:
+        lines.append(
+            f"{p.model:<10} {p.concurrency:>4} {p.throughput_per_s:>9.1f} {p.p50_ms:>8.2f} "
+            f"{p.p95_ms:>8.2f} {p.p99_ms:>8.2f} {p.server_queue_ms:>9.2f} {p.server_compute_ms:>10.2f}"
+        )
+    return "\n".join(lines)

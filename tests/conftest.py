@@ -1,0 +1,40 @@
+"""Shared fixtures: the artifacts, a materialised embedded repository, one real tritonserver.
+
+The server is started once per test session on free ports with every model of
+`model_repository/`, and is always stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from avatar.deployment import build_repository
+from avatar.server import EmbeddedServer, ServerOptions
+
+logging.getLogger("avatar").setLevel(logging.INFO)
+
+
+@pytest.fixture(scope="session")
+def embedded_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    repo = tmp_path_factory.mktemp("embedded") / "repository"
+    build_repository(repo, "embedded")
+    return repo
+
+
+@pytest.fixture(scope="session")
+def triton_server(embedded_repository: Path) -> Iterator[EmbeddedServer]:
+    with EmbeddedServer(ServerOptions(embedded_repository, startup_timeout_s=600)) as server:
+        yield server
+    # Models that crashed their stub or leaked errors show up here after the run.
+    logging.getLogger(__name__).info("server log: %s", server.log_path)
+
+
+@pytest.fixture(scope="session")
+def vad_artifact() -> Path:
+    from export.registry import ensure_all
+
+    return ensure_all(["vad"])["vad"]

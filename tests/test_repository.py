@@ -1,0 +1,158 @@
+"""Materialisation and config checks (no server)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from avatar.deployment import SOURCE_REPOSITORY, model_names
+from avatar.repository import (
+    ConfigMismatchError,
+    MissingArtifactError,
+    RepositoryError,
+    check_against_sidecar,
+    is_native,
+    materialize,
+    parse_config,
+)
+from avatar.sidecar import Sidecar
+
+MODELS = model_names()
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_every_config_parses_as_model_config(name: str) -> None:
+    config = parse_config(SOURCE_REPOSITORY / name / "config.pbtxt")
+    assert config.name == name, "config name must equal its folder name"
+    assert "$" not in (SOURCE_REPOSITORY / name / "config.pbtxt").read_text(), "placeholder left"
+    if not is_native(config) and config.backend == "python":
+        assert (SOURCE_REPOSITORY / name / "1" / "model.py").is_file()
+
+
+def test_every_native_config_matches_its_export() -> None:
+    from export.registry import ensure_all
+
+    native = [n for n in MODELS if is_native(parse_config(SOURCE_REPOSITORY / n / "config.pbtxt"))]
+    assert "vad" in native
+    for name, folder in ensure_all(native).items():
+        check_against_sidecar(
+            parse_config(SOURCE_REPOSITORY / name / "config.pbtxt"), Sidecar.load(folder)
+        )
+
+
+def _copy_model(tmp_path: Path, name: str = "vad") -> Path:
+    source = tmp_path / "source"
+    shutil.copytree(SOURCE_REPOSITORY / name, source / name)
+    return source
+
+
+def _edit(source: Path, name: str, old: str, new: str) -> None:
+    path = source / name / "config.pbtxt"
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new))
+
+
+def test_embedded_swap_keeps_io_batching_and_instances(tmp_path: Path, vad_artifact: Path) -> None:
+    source = _copy_model(tmp_path)
+    _edit(source, "vad", "kind: KIND_CPU", "kind: KIND_GPU")
+    _edit(
+        source,
+        "vad",
+        "dynamic_batching {",
+        "optimization { cuda { graphs: true } }\ndynamic_batching {",
+    )
+    written = materialize(source, tmp_path / "out", "embedded", {"vad": vad_artifact})
+    assert [(m.name, m.platform, m.declared_platform) for m in written] == [
+        ("vad", "python", "onnxruntime_onnx")
+    ]
+    original = parse_config(source / "vad" / "config.pbtxt")
+    served = parse_config(tmp_path / "out" / "vad" / "config.pbtxt")
+    assert served.backend == "python" and not served.platform
+    assert list(served.input) == list(original.input)
+    assert list(served.output) == list(original.output)
+    assert served.max_batch_size == original.max_batch_size
+    assert served.dynamic_batching == original.dynamic_batching
+    assert [g.count for g in served.instance_group] == [g.count for g in original.instance_group]
+    assert all(g.kind == mc.ModelInstanceGroup.KIND_CPU for g in served.instance_group)
+    assert not served.HasField("optimization")
+    assert served.parameters["declared_platform"].string_value == "onnxruntime_onnx"
+    version = tmp_path / "out" / "vad" / "1"
+    assert (version / "model.onnx").resolve() == (vad_artifact / "model.onnx").resolve()
+    assert "avatar.triton.onnx_runner" in (version / "model.py").read_text()
+
+
+def test_production_keeps_native_platform(tmp_path: Path, vad_artifact: Path) -> None:
+    source = _copy_model(tmp_path)
+    materialize(source, tmp_path / "out", "production", {"vad": vad_artifact})
+    served = parse_config(tmp_path / "out" / "vad" / "config.pbtxt")
+    assert served.platform == "onnxruntime_onnx"
+    assert (tmp_path / "out" / "vad" / "1" / "model.onnx").is_file()
+
+
+def test_production_tensorrt_needs_an_engine(tmp_path: Path, vad_artifact: Path) -> None:
+    source = _copy_model(tmp_path)
+    _edit(source, "vad", 'platform: "onnxruntime_onnx"', 'platform: "tensorrt_plan"')
+    with pytest.raises(MissingArtifactError, match=r"model\.plan"):
+        materialize(source, tmp_path / "out", "production", {"vad": vad_artifact})
+    # The embedded target serves the same model from its ONNX file.
+    written = materialize(source, tmp_path / "out", "embedded", {"vad": vad_artifact})
+    assert written[0].declared_platform == "tensorrt_plan"
+
+
+def test_renamed_tensor_is_rejected(tmp_path: Path, vad_artifact: Path) -> None:
+    source = _copy_model(tmp_path)
+    _edit(source, "vad", 'name: "chunk"', 'name: "input"')
+    with pytest.raises(ConfigMismatchError) as error:
+        materialize(source, tmp_path / "out", "embedded", {"vad": vad_artifact})
+    message = str(error.value)
+    assert "'input' is not in the export" in message
+    assert "export inputs missing from the config: ['chunk']" in message
+    assert not (tmp_path / "out").exists(), "nothing is written when a config is wrong"
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        ("dims: [ 512 ]", "dims: [ 480 ]", "dims [480], export has [512]"),
+        ('"context", data_type: TYPE_FP32', '"context", data_type: TYPE_FP16', "TYPE_FP16"),
+        ("max_batch_size: 64", "max_batch_size: 0", "dims [512], export has [-1, 512]"),
+    ],
+)
+def test_config_drift_is_rejected(
+    tmp_path: Path, vad_artifact: Path, old: str, new: str, expected: str
+) -> None:
+    source = _copy_model(tmp_path)
+    _edit(source, "vad", old, new)
+    with pytest.raises(ConfigMismatchError, match=expected.replace("[", r"\[").replace("]", r"\]")):
+        materialize(source, tmp_path / "out", "embedded", {"vad": vad_artifact})
+
+
+def test_batching_on_the_wrong_axis_is_rejected(vad_artifact: Path) -> None:
+    sidecar = Sidecar.load(vad_artifact)
+    sidecar.batch_axis = 1
+    config = parse_config(SOURCE_REPOSITORY / "vad" / "config.pbtxt")
+    with pytest.raises(ConfigMismatchError, match="batches on axis 1"):
+        check_against_sidecar(config, sidecar)
+
+
+def test_placeholder_and_missing_artifact_errors(tmp_path: Path, vad_artifact: Path) -> None:
+    source = _copy_model(tmp_path)
+    _edit(source, "vad", "max_batch_size: 64", "max_batch_size: ${max_batch}")
+    with pytest.raises(RepositoryError, match="not a valid Triton ModelConfig"):
+        materialize(source, tmp_path / "out", "embedded", {"vad": vad_artifact})
+    source = _copy_model(tmp_path / "again")
+    with pytest.raises(MissingArtifactError, match="python -m export build vad"):
+        materialize(source, tmp_path / "out", "embedded", {})
+    with pytest.raises(RepositoryError, match="unknown target"):
+        materialize(source, tmp_path / "out", "staging", {"vad": vad_artifact})
+
+
+def test_rendered_embedded_configs_parse_back(embedded_repository: Path) -> None:
+    for path in sorted(embedded_repository.glob("*/config.pbtxt")):
+        config = text_format.Parse(path.read_text(), mc.ModelConfig())
+        assert config.name == path.parent.name

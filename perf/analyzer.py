@@ -77,7 +77,9 @@ class SweepPoint:
     server_queue_ms: float
     server_compute_ms: float
 
-    FIELDS = ["model", "concurrency", "throughput_per_s", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "avg_ms", "server_queue_ms", "server_compute_ms"]
+    @staticmethod
+    def fields() -> list[str]:
+        return [f.name for f in dataclasses.fields(SweepPoint)]
 
 
 def _parse_csv(path: Path, model: str) -> list[SweepPoint]:
@@ -116,7 +118,7 @@ def _parse_csv(path: Path, model: str) -> list[SweepPoint]:
     return points
 
 
-def sweep(
+def sweep(  # noqa: PLR0917 - mirrors perf_analyzer's own flags
     url: str,
     model: str,
     concurrency: Sequence[int],
@@ -166,18 +168,22 @@ def write_csv(points: Sequence[SweepPoint], path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as fh:
         writer = csv.writer(fh)
-        writer.writerow(SweepPoint.FIELDS)
+        writer.writerow(SweepPoint.fields())
         for p in points:
-            writer.writerow([getattr(p, f) for f in SweepPoint.FIELDS])
+            writer.writerow([getattr(p, f) for f in SweepPoint.fields()])
     return path
 
 
 def format_table(points: Sequence[SweepPoint]) -> str:
-    head = f"{'model':<10} {'conc':>4} {'infer/s':>9} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'queue ms':>9} {'compute ms':>10}"
+    head = (
+        f"{'model':<10} {'conc':>4} {'infer/s':>9} {'p50 ms':>8} {'p95 ms':>8} "
+        f"{'p99 ms':>8} {'queue ms':>9} {'compute ms':>10}"
+    )
     lines = [head, "-" * len(head)]
     for p in points:
         lines.append(
             f"{p.model:<10} {p.concurrency:>4} {p.throughput_per_s:>9.1f} {p.p50_ms:>8.2f} "
-            f"{p.p95_ms:>8.2f} {p.p99_ms:>8.2f} {p.server_queue_ms:>9.2f} {p.server_compute_ms:>10.2f}"
+            f"{p.p95_ms:>8.2f} {p.p99_ms:>8.2f} {p.server_queue_ms:>9.2f} "
+            f"{p.server_compute_ms:>10.2f}"
         )
     return "\n".join(lines)

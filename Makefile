@@ -10,7 +10,7 @@ artifacts: setup
 demo: artifacts
 	$(PY) -m avatar demo
 test: artifacts
-	$(PY) -m pytest
+	$(PY) -m pytest -m "not slow"
 lint: setup
 	$(VENV)/bin/ruff format --check . && $(VENV)/bin/ruff check .
 perf: artifacts

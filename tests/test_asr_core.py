@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from avatar.asr.features import N_FRAMES, log_mel, pad_or_trim
+from avatar.asr.long_form import plan_pieces
 from avatar.asr.rules import apply_rules
 from avatar.asr.transcribe import check_audio, split_segments
 from avatar.asr.vocab import WhisperVocab
@@ -123,3 +124,16 @@ def test_other_rates_are_resampled():
     assert out.dtype == np.float32 and out.shape == (16000,)
     spectrum = np.abs(np.fft.rfft(out))
     assert abs(int(spectrum.argmax()) - 440) <= 1  # 1-Hz bins over one second
+
+
+def test_long_audio_is_cut_in_pauses_into_windows():
+    speech = [(0.5, 10.0), (10.5, 25.0), (26.0, 40.0), (41.0, 75.0), (76.0, 77.0)]
+    pieces = plan_pieces(speech, duration=80.0, max_s=30.0, pad_s=0.2)
+    # the first two join (24.9 s); 34.2 s without a pause stays one piece (never truncated)
+    expected = [(0.3, 25.2), (25.8, 40.2), (40.8, 75.2), (75.8, 77.2)]
+    assert np.allclose(pieces, expected)
+    assert plan_pieces([(0.0, 10.0), (10.1, 20.0)], 20.0, max_s=15.0) == [
+        (0.0, 10.05),
+        (10.05, 20.0),
+    ]
+    assert plan_pieces([], 10.0) == []

@@ -5,6 +5,9 @@ models, `1/model.py`). Two targets:
 
 - `production`: configs as written; native models get their artifact (`model.plan` for
   `tensorrt_plan`, `model.onnx` for `onnxruntime_onnx`) in `1/`.
+
+In both, the artifact's companion files (tokenizer, model config, voice config) are
+placed beside it in `1/`, where the BLS models that drive it read them.
 - `embedded`: the CPU server of the `nvidia-pytriton` wheel has only the python backend,
   so a native model becomes the generic ONNX Runtime runner (`avatar.triton.onnx_runner`)
   with the same inputs, outputs, max_batch_size, batching and instance count; GPU
@@ -151,6 +154,16 @@ def _write_config(config: mc.ModelConfig, path: Path, header: str) -> None:
     path.write_text(header + text_format.MessageToString(config))
 
 
+def _companion_files(artifact_dir: Path) -> list[Path]:
+    """Files served beside the model (tokenizer, configs): all but graphs and the sidecar."""
+    skip = {".onnx", ".plan", ".engine", ".data"}
+    return [
+        p
+        for p in sorted(artifact_dir.iterdir())
+        if p.is_file() and p.suffix not in skip and p.name != Sidecar.FILENAME
+    ]
+
+
 def _place(src: Path, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     if dest.exists() or dest.is_symlink():
@@ -212,6 +225,8 @@ def materialize(
             continue
         version_dir.mkdir(parents=True)
         artifact_dir = Path(artifacts[name])
+        for companion in _companion_files(artifact_dir):
+            _place(companion, version_dir / companion.name)
         if target == "production":
             filename = ARTIFACT_FILE[declared]
             if not (artifact_dir / filename).is_file():

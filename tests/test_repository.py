@@ -156,3 +156,10 @@ def test_rendered_embedded_configs_parse_back(embedded_repository: Path) -> None
     for path in sorted(embedded_repository.glob("*/config.pbtxt")):
         config = text_format.Parse(path.read_text(), mc.ModelConfig())
         assert config.name == path.parent.name
+
+
+def test_companion_files_are_served_beside_the_model(embedded_repository: Path) -> None:
+    assert (embedded_repository / "llm_decoder" / "1" / "tokenizer.json").is_file()
+    assert (embedded_repository / "tts_vits" / "1" / "voice.onnx.json").is_file()
+    assert not (embedded_repository / "vad" / "1" / "model.json").exists(), "sidecar not served"
+    assert not list((embedded_repository / "llm_decoder" / "1").glob("model_int4*")), "variants"

@@ -44,12 +44,12 @@ class TritonDecoder(Decoder):
 
 
 def _artifact_folder(repository: Path, decoder_model: str) -> Path:
-    """The decoder's artifact folder (tokenizer and chat template live there): the
-    materialiser links `<decoder>/1/model.onnx` to it."""
-    onnx = repository.parent / decoder_model / "1" / "model.onnx"
-    if not onnx.exists():
-        raise FileNotFoundError(f"{onnx} is missing: materialise the repository first")
-    return onnx.resolve().parent
+    """The decoder's version folder: the materialiser places the tokenizer, chat template
+    and model config beside its graph there."""
+    folder = repository.parent / decoder_model / "1"
+    if not (folder / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"{folder}/tokenizer.json is missing: materialise the repository")
+    return folder
 
 
 def _layout(folder: Path) -> KvLayout:

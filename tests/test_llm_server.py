@@ -17,20 +17,8 @@ GREEDY = {"temperature": 0, "max_tokens": 40}
 
 
 @pytest.fixture(scope="module")
-def grpc_url(request, tmp_path_factory) -> str:
-    """The lead's session-wide `triton_server` when present, else an llm-only server."""
-    try:
-        yield request.getfixturevalue("triton_server").grpc_url
-        return
-    except pytest.FixtureLookupError:
-        pass
-    from avatar.deployment import build_repository
-    from avatar.server import EmbeddedServer, ServerOptions
-
-    repository = tmp_path_factory.mktemp("llm_repository") / "models"
-    build_repository(repository, "embedded", LLM_MODELS)
-    with EmbeddedServer(ServerOptions(repository, models=LLM_MODELS)) as server:
-        yield server.grpc_url
+def grpc_url(triton_server) -> str:
+    return triton_server.grpc_url
 
 
 def _inputs(messages, session: str = "", sampling: dict | None = None):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import queue
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,35 +16,10 @@ PARAGRAPH = (
 
 
 @pytest.fixture(scope="module")
-def server(request, tmp_path_factory):
-    """The lead's session-wide `triton_server` (tests/conftest.py), else a tts-only one."""
-    try:
-        yield request.getfixturevalue("triton_server")
-        return
-    except pytest.FixtureLookupError:
-        pass
-    from avatar.repository import materialize
-    from avatar.server import EmbeddedServer, ServerOptions
-    from export.common import ensure
-    from export.tts import VitsRecipe
-
-    repo = tmp_path_factory.mktemp("tts_repo") / "repo"
-    materialize(
-        Path(__file__).parents[1] / "model_repository",
-        repo,
-        "embedded",
-        {"tts_vits": ensure(VitsRecipe())},
-        models=["tts", "tts_vits"],
-    )
-    with EmbeddedServer(ServerOptions(repo)) as embedded:
-        yield embedded
-
-
-@pytest.fixture(scope="module")
-def client(server):
+def client(triton_server):
     import tritonclient.grpc as grpcclient
 
-    with grpcclient.InferenceServerClient(server.grpc_url) as c:
+    with grpcclient.InferenceServerClient(triton_server.grpc_url) as c:
         yield c
 
 

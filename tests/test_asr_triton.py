@@ -12,7 +12,7 @@ from export.asr_clips import clips
 from export.asr_report import reference_transcripts
 
 pytestmark = pytest.mark.server
-ASR_MODELS = ("asr", "asr_encoder", "asr_decoder")
+ASR_MODELS = ("asr", "asr_encoder", "asr_decoder", "vad")
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,13 @@ def grpc_url(tmp_path_factory) -> str:
         yield server.grpc_url
 
 
-def _infer(url: str, audio: np.ndarray, rate: int | None = None, language: str | None = None):
+def _infer(
+    url: str,
+    audio: np.ndarray,
+    rate: int | None = None,
+    language: str | None = None,
+    segmentation: str | None = None,
+):
     import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(url)
@@ -38,6 +44,9 @@ def _infer(url: str, audio: np.ndarray, rate: int | None = None, language: str |
     if language is not None:
         inputs.append(grpcclient.InferInput("language", [1, 1], "BYTES"))
         inputs[-1].set_data_from_numpy(np.array([[language.encode()]], np.object_))
+    if segmentation is not None:
+        inputs.append(grpcclient.InferInput("segmentation", [1, 1], "BYTES"))
+        inputs[-1].set_data_from_numpy(np.array([[segmentation.encode()]], np.object_))
     names = ["text", "detected_language", "segment_times", "segment_texts"]
     result = client.infer(
         "asr", inputs, outputs=[grpcclient.InferRequestedOutput(n) for n in names]
@@ -87,4 +96,20 @@ def test_bad_requests_get_clear_errors(grpc_url, audio, rate, language, message)
 
     with pytest.raises(InferenceServerException, match=message):
         _infer(grpc_url, audio, rate, language)
+    with pytest.raises(InferenceServerException, match="segmentation 'beam'"):
+        _infer(grpc_url, np.zeros(1600, np.float32), segmentation="beam")
     assert _infer(grpc_url, clips(1)[0].audio)["text"][0, 0]  # the model keeps serving
+
+
+def test_long_audio_windows_and_vad(grpc_url):
+    from export.asr_report import long_clip, wer
+
+    clip = long_clip(clips()[:12])
+    reference = reference_transcripts([clip])[0]
+    windows = _infer(grpc_url, clip.audio)
+    assert windows["text"][0, 0].decode() == reference  # never truncated
+    vad = _infer(grpc_url, clip.audio, segmentation="vad")
+    assert wer(reference, vad["text"][0, 0].decode()) < 0.1
+    for result in (windows, vad):
+        times = result["segment_times"][0]
+        assert times[-1, 1] > 30 and np.all(np.diff(times[:, 0]) >= 0)

@@ -9,12 +9,21 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from avatar.asr.features import N_SAMPLES
 from avatar.asr.greedy import DecodeOptions, WhisperRuntime
+from avatar.asr.long_form import transcribe_long
 from avatar.asr.transcribe import AsrOptions, Transcript, check_audio, transcribe
 from avatar.asr.vocab import WhisperVocab
 from avatar.errors import RequestError
 from avatar.triton.bls import error_response, infer, input_array
 from avatar.triton.params import ModelParameters
+from avatar.vad import VadStream, chunks, speech_segments
+
+# audio longer than one 30-s window: "windows" = Whisper's sequential windows (as
+# faster-whisper; transcripts equal the reference), "vad" = cut at Silero VAD pauses into
+# <= 30-s pieces decoded as one lockstep batch (needs the `vad` model)
+SEGMENTATION = ("windows", "vad")
+VAD_OUTPUTS = ["speech_prob", "next_context", "next_state"]
 
 
 class TritonWhisperRuntime(WhisperRuntime):
@@ -51,16 +60,40 @@ class TritonPythonModel:
         step = params.int("window_step", 0)
         self.decode = DecodeOptions(max_new_tokens=params.int("max_new_tokens", 224))
         self.window_step = step or None
+        self.segmentation = params.str("segmentation", "windows")
+        if self.segmentation not in SEGMENTATION:
+            raise ValueError(
+                f"asr: parameter segmentation={self.segmentation!r} not in {SEGMENTATION}"
+            )
         self.runtime = TritonWhisperRuntime()
 
-    def _parse(self, request) -> tuple[np.ndarray, str | None]:
+    def _parse(self, request) -> tuple[np.ndarray, str | None, str]:
         audio = input_array(request, "audio")
         rate = input_array(request, "sample_rate", optional=True)
         rate = 16_000 if rate is None else int(np.asarray(rate).reshape(-1)[0])
         language = _string(request, "language")
         if language is not None:
             self.vocab.language_id(language)  # RequestError for an unknown code
-        return check_audio(audio, rate, self.max_seconds), language
+        mode = _string(request, "segmentation") or self.segmentation
+        if mode not in SEGMENTATION:
+            raise RequestError(f"segmentation {mode!r}: expected one of {list(SEGMENTATION)}")
+        return check_audio(audio, rate, self.max_seconds), language, mode
+
+    def _options(self, language: str | None) -> AsrOptions:
+        return AsrOptions(
+            decode=DecodeOptions(language=language, max_new_tokens=self.decode.max_new_tokens),
+            max_seconds=self.max_seconds,
+            window_step=self.window_step,
+        )
+
+    @staticmethod
+    def _speech(audio: np.ndarray) -> list[tuple[float, float]]:
+        """Speech segments (seconds) from the `vad` model, one 32-ms chunk per BLS call."""
+        stream, probs = VadStream(), []
+        for chunk in chunks(audio):
+            outputs = infer("vad", stream.inputs(chunk[None]), VAD_OUTPUTS)
+            probs.append(stream.update(outputs))
+        return [(s.start_s, s.end_s) for s in speech_segments(np.concatenate(probs))]
 
     def execute(self, requests: list) -> list:
         parsed: list = []
@@ -74,14 +107,20 @@ class TritonPythonModel:
         }
         groups: dict[str | None, list[int]] = {}
         for i, p in enumerate(parsed):
-            if not isinstance(p, Exception):
-                groups.setdefault(p[1], []).append(i)
+            if isinstance(p, Exception):
+                continue
+            audio, language, mode = p
+            if mode == "vad" and len(audio) > N_SAMPLES:  # pieces of one request batch together
+                try:
+                    speech = self._speech(audio)
+                    options = self._options(language)
+                    results[i] = transcribe_long(self.runtime, self.vocab, audio, speech, options)
+                except Exception as error:
+                    results[i] = error
+            else:
+                groups.setdefault(language, []).append(i)
         for language, rows in groups.items():  # one lockstep batch per forced language
-            options = AsrOptions(
-                decode=DecodeOptions(language=language, max_new_tokens=self.decode.max_new_tokens),
-                max_seconds=self.max_seconds,
-                window_step=self.window_step,
-            )
+            options = self._options(language)
             try:
                 for i, t in zip(
                     rows,

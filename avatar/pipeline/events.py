@@ -1,0 +1,50 @@
+"""What a turn emits, in order: a transcript, one event per reply sentence (or part of a
+long sentence), and a final summary. Times are seconds on the turn clock: 0 is the start
+of the reply's first audio sample; sentence k starts where sentence k-1's audio ended."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class TranscriptEvent:
+    text: str
+
+
+@dataclasses.dataclass
+class SentenceEvent:
+    index: int
+    text: str
+    emotion: str
+    start: float  # audio and frames of this sentence start here (turn clock, s)
+    audio: np.ndarray  # [N] float32, padded to a whole number of frames; empty on error
+    sample_rate: int
+    fps: float
+    blendshapes: np.ndarray  # [T, 52] float32; frame i shows time start + i / fps
+    head_pose: np.ndarray  # [T, 3] float32
+    animation: dict[str, Any]  # visemes, gestures, blinks (sentence clock, s)
+    frames: np.ndarray | None = None  # [T, H, W, 3] uint8 when rendered
+    error: str = ""  # "" or why this sentence has no audio/animation (text still valid)
+
+    @property
+    def duration(self) -> float:
+        return self.audio.size / self.sample_rate if self.sample_rate else 0.0
+
+
+@dataclasses.dataclass
+class FinalEvent:
+    transcript: str
+    reply: str  # what the avatar actually said (sentences emitted before any stop)
+    cancelled: str  # "" | "client" | "superseded"
+    errors: list[str]
+    timings: dict[str, Any]
+
+    def summary(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+TurnEvent = TranscriptEvent | SentenceEvent | FinalEvent

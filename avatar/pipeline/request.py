@@ -1,0 +1,119 @@
+"""A turn request: audio (16 kHz mono float32) or text, a session id and JSON controls,
+validated with messages that say what was wrong and what is expected."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import numpy as np
+
+from avatar.animation.pipeline import AnimationConfig
+from avatar.errors import RequestError
+
+AUDIO_RATE = 16000
+MAX_TEXT_CHARS = 2000
+MAX_TOKENS_RANGE = (1, 512)
+
+
+@dataclasses.dataclass(frozen=True)
+class Controls:
+    """Per-turn controls a client may send as the `controls` JSON object."""
+
+    fps: float = 30.0
+    alpha: float = 0.7  # blendshape smoothing (EMA release), 0.5 responsive ... 0.9 calm
+    emotion: str = "neutral"
+    intensity: float = 0.0
+    persona: str = ""  # a system prompt for this turn; "" keeps the llm's configured one
+    max_tokens: int = 0  # 0: the avatar model's default
+    seed: int = 0
+    render: bool = True  # video frames, when a renderer model is served
+
+    def animation(self, t0: float = 0.0) -> AnimationConfig:
+        return AnimationConfig(
+            fps=self.fps,
+            alpha=self.alpha,
+            emotion=self.emotion,
+            intensity=self.intensity,
+            seed=self.seed,
+            t0=t0,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Controls:
+        if not text.strip():
+            return cls()
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise RequestError(f"controls is not valid JSON: {error}") from None
+        if not isinstance(raw, dict):
+            raise RequestError('controls must be a JSON object, e.g. {"fps": 30}')
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(raw) - set(known))
+        if unknown:
+            raise RequestError(f"unknown controls {unknown}; expected some of {sorted(known)}")
+        values: dict[str, Any] = {}
+        for name, value in raw.items():
+            kind = type(getattr(cls(), name))
+            try:
+                values[name] = kind(value) if kind is not bool else _as_bool(name, value)
+            except (TypeError, ValueError):
+                raise RequestError(f"control {name}={value!r} is not a {kind.__name__}") from None
+        controls = cls(**values)
+        controls.validate()
+        return controls
+
+    def validate(self) -> None:
+        self.animation().validate()  # fps, alpha, emotion label and intensity
+        low, high = MAX_TOKENS_RANGE
+        if self.max_tokens and not low <= self.max_tokens <= high:
+            raise RequestError(
+                f"max_tokens={self.max_tokens} is out of range; expected {low}..{high}"
+            )
+
+
+def _as_bool(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise ValueError(name)
+
+
+@dataclasses.dataclass(frozen=True)
+class TurnRequest:
+    """Exactly one of `audio` (16 kHz mono float32) and `text`."""
+
+    audio: np.ndarray | None
+    text: str
+    session_id: str
+    controls: Controls
+
+
+def parse_turn(
+    audio: np.ndarray | None,
+    text: str | None,
+    session_id: str = "",
+    controls: str = "",
+    max_audio_s: float = 60.0,
+) -> TurnRequest:
+    """Validate the raw inputs of one turn; raises RequestError on bad input."""
+    if (audio is None) == (text is None):
+        raise RequestError("send exactly one of `audio` (16 kHz mono FP32) and `text` (STRING)")
+    if audio is not None:
+        audio = np.asarray(audio, dtype=np.float32).reshape(-1)
+        if audio.size == 0:
+            raise RequestError("audio is empty; expected 16 kHz mono float32 samples")
+        if not np.isfinite(audio).all():
+            raise RequestError("audio contains NaN or infinite samples; expected finite floats")
+        if audio.size > max_audio_s * AUDIO_RATE:
+            raise RequestError(
+                f"audio is {audio.size / AUDIO_RATE:.1f} s; at most {max_audio_s:g} s per turn"
+            )
+    else:
+        text = text.strip()
+        if not text:
+            raise RequestError("text is empty; expected the user's words")
+        if len(text) > MAX_TEXT_CHARS:
+            raise RequestError(f"text has {len(text)} characters; at most {MAX_TEXT_CHARS}")
+    return TurnRequest(audio, text or "", session_id.strip(), Controls.from_json(controls))

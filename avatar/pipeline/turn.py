@@ -1,0 +1,296 @@
+"""One conversation turn, stage by stage, with LLM/TTS overlap, fallbacks and barge-in.
+
+The LLM runs in a producer thread that queues each finished sentence; the calling thread
+takes sentences from the queue and sends each through TTS, animation and rendering while
+the LLM writes the next one. `cancelled()` (client gone or a newer turn on the session)
+is checked between every step and stops both threads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from avatar.animation.pipeline import animate
+from avatar.pipeline.events import FinalEvent, SentenceEvent, TranscriptEvent, TurnEvent
+from avatar.pipeline.request import TurnRequest
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Speech:
+    """One TTS response: float32 PCM and each phoneme's start/end (s) in that audio."""
+
+    audio: np.ndarray
+    sample_rate: int
+    phonemes: list[str]
+    starts: np.ndarray
+    ends: np.ndarray
+    text: str = ""  # the part of the sentence spoken (TTS may split a long sentence)
+
+
+@dataclasses.dataclass
+class Stages:
+    """The stage callables; the Triton adapter binds them to BLS calls.
+
+    chat(user_text, request, stop) yields reply sentences and may return a stats dict
+    (the generator's return value); it must poll `stop()` and end early when it is True.
+    """
+
+    transcribe: Callable[[np.ndarray], str]
+    chat: Callable[[str, TurnRequest, Callable[[], bool]], Iterator[str]]
+    speak: Callable[[str, TurnRequest], Iterator[Speech]]
+    render: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineConfig:
+    llm_timeout_s: float = 30.0  # longest wait for the LLM's next sentence
+    fallback_reply: str = "Sorry, I need a moment. Could you say that again?"
+
+
+@dataclasses.dataclass
+class _Clock:
+    t0: float = dataclasses.field(default_factory=time.perf_counter)
+
+    def ms(self) -> float:
+        return round((time.perf_counter() - self.t0) * 1000.0, 1)
+
+
+class _Timings:
+    """Summed wall time per stage (ms) plus milestones since the request arrived."""
+
+    def __init__(self, clock: _Clock):
+        self.clock = clock
+        self.values: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def add(self, stage: str, started: float) -> None:
+        with self._lock:
+            ms = (time.perf_counter() - started) * 1000.0
+            self.values[f"{stage}_ms"] = round(self.values.get(f"{stage}_ms", 0.0) + ms, 1)
+
+    def mark(self, milestone: str) -> None:
+        with self._lock:
+            self.values.setdefault(f"{milestone}_ms", self.clock.ms())
+
+
+_DONE = object()
+
+
+@dataclasses.dataclass
+class _Turn:
+    request: TurnRequest
+    stages: Stages
+    timings: _Timings
+    errors: list[str]
+
+
+class _LlmProducer(threading.Thread):
+    """Runs `chat` and queues sentences; ends with _DONE (or the exception)."""
+
+    def __init__(self, stages: Stages, text: str, request: TurnRequest, stop, timings):
+        super().__init__(name="avatar-llm", daemon=True)
+        self.stages, self.text, self.request, self.stop = stages, text, request, stop
+        self.timings = timings
+        self.sentences: queue.Queue = queue.Queue()
+        self.stats: dict[str, Any] = {}
+
+    def run(self) -> None:
+        started = time.perf_counter()
+        try:
+            stream = self.stages.chat(self.text, self.request, self.stop)
+            while True:
+                try:
+                    sentence = next(stream)
+                except StopIteration as end:
+                    self.stats = end.value or {}
+                    break
+                self.timings.mark("llm_first_sentence")
+                self.sentences.put(sentence)
+                if self.stop():
+                    stream.close()
+                    break
+            self.sentences.put(_DONE)
+        except Exception as error:  # reported in the final event by the consumer
+            self.sentences.put(error)
+        finally:
+            self.timings.add("llm", started)
+
+
+def run_turn(
+    request: TurnRequest,
+    stages: Stages,
+    emit: Callable[[TurnEvent], None],
+    cancelled: Callable[[], str],
+    config: PipelineConfig = PipelineConfig(),
+) -> FinalEvent:
+    """Run one turn, calling `emit` for each event as soon as it exists; returns the final
+    event (also emitted). `cancelled()` returns "" or why the turn must stop."""
+    clock = _Clock()
+    timings = _Timings(clock)
+    errors: list[str] = []
+    said: list[str] = []
+    transcript = request.text
+    reason = ""
+    turn = _Turn(request, stages, timings, errors)
+
+    if request.audio is not None:
+        started = time.perf_counter()
+        transcript = stages.transcribe(request.audio).strip()  # a failure fails the turn
+        timings.add("asr", started)
+    emit(TranscriptEvent(transcript))
+    timings.mark("transcript")
+
+    stop_llm = threading.Event()
+    producer = None
+    if transcript:
+        producer = _LlmProducer(
+            stages, transcript, request, lambda: stop_llm.is_set() or bool(cancelled()), timings
+        )
+        producer.start()
+    sentences = _sentences(producer, config, errors, cancelled)
+    position = 0.0  # turn clock (s)
+    index = 0
+    for text in sentences:
+        reason = cancelled()
+        if reason:
+            break
+        for event in _speak_sentence(text, index, position, turn):
+            if cancelled():
+                break
+            emit(event)
+            if event.audio.size:
+                timings.mark("first_audio")
+            if event.blendshapes.shape[0]:
+                timings.mark("first_frame")
+            said.append(event.text)
+            position += event.duration
+            index += 1
+    reason = reason or cancelled()
+    stop_llm.set()
+    if producer is not None:
+        producer.join(timeout=5.0)
+        if producer.stats:
+            timings.values["llm_stats"] = producer.stats
+    timings.values.update(total_ms=clock.ms(), sentences=index, audio_s=round(position, 3))
+    final = FinalEvent(transcript, " ".join(said), reason, errors, timings.values)
+    emit(final)
+    return final
+
+
+def _sentences(producer, config: PipelineConfig, errors: list[str], cancelled) -> Iterator[str]:
+    """Sentences from the LLM thread; the fallback reply when it times out or fails first."""
+    if producer is None:
+        errors.append("asr: nothing was heard; no reply")
+        return
+    got, last = 0, time.perf_counter()
+    while not cancelled():
+        try:
+            item = producer.sentences.get(timeout=min(config.llm_timeout_s, 0.1))
+        except queue.Empty:
+            if time.perf_counter() - last < config.llm_timeout_s:
+                continue
+            item = TimeoutError(f"no sentence within {config.llm_timeout_s:g} s")
+        last = time.perf_counter()
+        if item is _DONE:
+            return
+        if isinstance(item, Exception):
+            errors.append(f"llm: {item}")
+            if got == 0:
+                errors.append("llm: answered with the configured fallback reply")
+                yield from [config.fallback_reply] if config.fallback_reply.strip() else []
+            return
+        got += 1
+        yield item
+
+
+def _speak_sentence(text: str, index: int, position: float, turn: _Turn) -> Iterator[SentenceEvent]:
+    """TTS -> animation -> frames for one sentence; a TTS failure yields text with an error."""
+    request, stages, timings, errors = turn.request, turn.stages, turn.timings, turn.errors
+    controls = request.controls
+    started = time.perf_counter()
+    try:
+        pieces = list(stages.speak(text, request))
+    except Exception as error:
+        message = f"tts: {error}"
+        errors.append(message)
+        log.warning("sentence %d without audio: %s", index, message)
+        yield _text_only(text, index, position, controls, message)
+        return
+    finally:
+        timings.add("tts", started)
+    for number, speech in enumerate(pieces):
+        part = speech.text or text
+        yield _animated(part, index + number, position, speech, turn)
+        position += _padded_samples(speech, controls.fps) / speech.sample_rate
+
+
+def _padded_samples(speech: Speech, fps: float) -> int:
+    frames = max(1, math.ceil(speech.audio.size / speech.sample_rate * fps - 1e-9))
+    return round(frames * speech.sample_rate / fps)
+
+
+def _animated(text: str, index: int, position: float, speech: Speech, turn: _Turn) -> SentenceEvent:
+    """Pad the audio to whole frames so every sentence starts on a frame of the turn clock."""
+    request, stages, timings = turn.request, turn.stages, turn.timings
+    controls = request.controls
+    samples = _padded_samples(speech, controls.fps)
+    audio = np.zeros(samples, np.float32)
+    audio[: min(samples, speech.audio.size)] = speech.audio[:samples]
+    frames = round(samples * controls.fps / speech.sample_rate)
+    started = time.perf_counter()
+    phonemes = list(zip(speech.phonemes, speech.starts.tolist(), speech.ends.tolist(), strict=True))
+    animation = animate(
+        phonemes, controls.animation(t0=position), text=text, duration=frames / controls.fps
+    )
+    timings.add("animation", started)
+    blendshapes, pose = animation.blendshapes[:frames], animation.head_pose[:frames]
+    video = None
+    if stages.render is not None and controls.render:
+        started = time.perf_counter()
+        video = stages.render(blendshapes, pose)
+        timings.add("render", started)
+    return SentenceEvent(
+        index=index,
+        text=text,
+        emotion=controls.emotion,
+        start=round(position, 6),
+        audio=audio,
+        sample_rate=speech.sample_rate,
+        fps=controls.fps,
+        blendshapes=blendshapes,
+        head_pose=pose,
+        animation={
+            "visemes": animation.viseme_track(),
+            "gestures": [dataclasses.asdict(g) for g in animation.gestures],
+            "blinks": animation.blinks,
+            "emotion": {"label": controls.emotion, "intensity": controls.intensity},
+        },
+        frames=video,
+    )
+
+
+def _text_only(text: str, index: int, position: float, controls, error: str) -> SentenceEvent:
+    return SentenceEvent(
+        index=index,
+        text=text,
+        emotion=controls.emotion,
+        start=round(position, 6),
+        audio=np.zeros(0, np.float32),
+        sample_rate=0,
+        fps=controls.fps,
+        blendshapes=np.zeros((0, 52), np.float32),
+        head_pose=np.zeros((0, 3), np.float32),
+        animation={},
+        error=error,
+    )

@@ -1,0 +1,179 @@
+"""avatar.pipeline with fake stages, no Triton: event order, one clock for audio and
+frames, LLM/TTS overlap, fallbacks, cancellation and barge-in bookkeeping."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from avatar.errors import RequestError
+from avatar.pipeline import (
+    FinalEvent,
+    PipelineConfig,
+    SentenceEvent,
+    SessionTurns,
+    Speech,
+    Stages,
+    TranscriptEvent,
+    parse_turn,
+    run_turn,
+)
+
+RATE = 22050
+SYMBOLS = ["^", "h", "ɛ", "l", "o", " ", "m", "a", "$"]
+
+
+def fake_speech(text: str) -> Speech:
+    duration = 0.3 + 0.02 * len(text)
+    edges = np.linspace(0.0, duration, len(SYMBOLS) + 1)
+    audio = np.sin(np.arange(int(duration * RATE)) / 20.0).astype(np.float32) * 0.1
+    return Speech(audio, RATE, list(SYMBOLS), edges[:-1], edges[1:], text)
+
+
+class FakeStages:
+    def __init__(self, reply=("Hello there.", "Nice to meet you."), llm_delay=0.0):
+        self.reply, self.llm_delay = list(reply), llm_delay
+        self.log: list[tuple[str, str, float]] = []
+        self.llm_steps = 0
+        self.tts_fail = False
+
+    def transcribe(self, audio: np.ndarray) -> str:
+        self.log.append(("asr", "", time.perf_counter()))
+        return " what is your name "
+
+    def chat(self, text, request, stop):
+        for sentence in self.reply:
+            time.sleep(self.llm_delay)
+            if stop():
+                return {"finish_reason": "cancelled"}
+            self.llm_steps += 1
+            self.log.append(("llm", sentence, time.perf_counter()))
+            yield sentence
+        return {"completion_tokens": 7}
+
+    def speak(self, text, request):
+        self.log.append(("tts", text, time.perf_counter()))
+        if self.tts_fail:
+            raise RuntimeError("voice broke")
+        yield fake_speech(text)
+
+    def stages(self) -> Stages:
+        return Stages(self.transcribe, self.chat, self.speak)
+
+
+def run(fake: FakeStages, request=None, cancelled=lambda: "", config=None):
+    events: list = []
+    request = request or parse_turn(np.zeros(16000, np.float32), None, "s", "{}")
+    final = run_turn(request, fake.stages(), events.append, cancelled, config or PipelineConfig())
+    return events, final
+
+
+def test_events_in_order_on_one_clock():
+    events, final = run(FakeStages())
+    assert isinstance(events[0], TranscriptEvent) and events[0].text == "what is your name"
+    sentences = [e for e in events if isinstance(e, SentenceEvent)]
+    assert [s.text for s in sentences] == ["Hello there.", "Nice to meet you."]
+    assert events[-1] is final and isinstance(final, FinalEvent)
+    position = 0.0
+    for s in sentences:
+        assert s.start == pytest.approx(position)
+        frames = s.blendshapes.shape[0]
+        assert s.blendshapes.shape == (frames, 52) and s.head_pose.shape == (frames, 3)
+        assert frames / s.fps == pytest.approx(s.duration, abs=1e-4)  # whole frames of audio
+        assert s.animation["visemes"] and s.error == ""
+        position += s.duration
+    assert final.reply == "Hello there. Nice to meet you."
+    assert final.timings["audio_s"] == pytest.approx(position, abs=1e-3)
+    for key in ("asr_ms", "llm_ms", "tts_ms", "animation_ms", "first_audio_ms", "total_ms"):
+        assert key in final.timings, key
+    assert final.timings["llm_stats"] == {"completion_tokens": 7}
+
+
+def test_tts_of_first_sentence_overlaps_llm_of_the_next():
+    fake = FakeStages(reply=("One.", "Two.", "Three."), llm_delay=0.15)
+    run(fake)
+    first_tts = next(t for kind, text, t in fake.log if kind == "tts" and text == "One.")
+    last_llm = next(t for kind, text, t in fake.log if kind == "llm" and text == "Three.")
+    assert first_tts < last_llm  # TTS did not wait for the whole reply
+
+
+def test_tts_failure_gives_text_with_error_flag():
+    fake = FakeStages()
+    fake.tts_fail = True
+    events, final = run(fake)
+    sentences = [e for e in events if isinstance(e, SentenceEvent)]
+    assert [s.text for s in sentences] == ["Hello there.", "Nice to meet you."]
+    assert all(s.error.startswith("tts: voice broke") and s.audio.size == 0 for s in sentences)
+    assert any("voice broke" in e for e in final.errors)
+
+
+def test_llm_timeout_gives_fallback_reply():
+    fake = FakeStages(llm_delay=1.0)
+    config = PipelineConfig(llm_timeout_s=0.2, fallback_reply="One moment please.")
+    events, final = run(fake, config=config)
+    sentences = [e for e in events if isinstance(e, SentenceEvent)]
+    assert [s.text for s in sentences] == ["One moment please."]
+    assert sentences[0].audio.size > 0
+    assert any("no sentence within 0.2 s" in e for e in final.errors)
+
+
+def test_cancellation_stops_llm_and_tts():
+    fake = FakeStages(reply=[f"Sentence {i}." for i in range(20)], llm_delay=0.05)
+    flag = threading.Event()
+    emitted: list = []
+
+    def emit(event):
+        emitted.append(event)
+        if isinstance(event, SentenceEvent):
+            flag.set()
+
+    request = parse_turn(None, "tell me a story", "s", "")
+    final = run_turn(request, fake.stages(), emit, lambda: "client" if flag.is_set() else "")
+    time.sleep(0.3)  # the producer thread has had time to notice
+    assert final.cancelled == "client"
+    assert sum(isinstance(e, SentenceEvent) for e in emitted) == 1
+    assert fake.llm_steps < 5 and sum(k == "tts" for k, _, _ in fake.log) <= 2
+
+
+def test_new_turn_supersedes_old_one_of_same_session():
+    turns = SessionTurns()
+    old = turns.begin("alice")
+    other = turns.begin("bob")
+    new = turns.begin("alice")
+    assert old.superseded and not new.superseded and not other.superseded
+    turns.end(old)  # ending a superseded turn leaves the new one active
+    assert turns.active() == 2
+    turns.end(new)
+    turns.end(other)
+    assert turns.active() == 0
+    anonymous = turns.begin("")
+    assert not turns.begin("").superseded and not anonymous.superseded
+
+
+@pytest.mark.parametrize(
+    ("audio", "text", "controls", "words"),
+    [
+        (np.zeros(10, np.float32), "hi", "", "exactly one"),
+        (None, None, "", "exactly one"),
+        (np.array([0.0, np.nan], np.float32), None, "", "NaN"),
+        (None, "   ", "", "text is empty"),
+        (np.zeros(0, np.float32), None, "", "audio is empty"),
+        (None, "hi", "{bad", "not valid JSON"),
+        (None, "hi", '{"fps": 500}', "fps"),
+        (None, "hi", '{"colour": 1}', "unknown controls"),
+        (None, "hi", '{"emotion": "bored"}', "unknown emotion"),
+        (None, "hi", '{"max_tokens": 0.5e4}', "max_tokens"),
+    ],
+)
+def test_bad_requests_are_rejected_with_reasons(audio, text, controls, words):
+    with pytest.raises(RequestError, match=words):
+        parse_turn(audio, text, "", controls)
+
+
+def test_controls_are_parsed():
+    request = parse_turn(None, "hi", " s1 ", '{"fps": 25, "alpha": 0.8, "max_tokens": 16}')
+    assert request.session_id == "s1" and request.controls.fps == 25
+    assert request.controls.max_tokens == 16 and request.controls.alpha == 0.8

@@ -115,11 +115,10 @@ class _LlmProducer(threading.Thread):
                 except StopIteration as end:
                     self.stats = end.value or {}
                     break
+                if self.stop():
+                    continue  # drained, not closed: the stage's stream ends by itself
                 self.timings.mark("llm_first_sentence")
                 self.sentences.put(sentence)
-                if self.stop():
-                    stream.close()
-                    break
             self.sentences.put(_DONE)
         except Exception as error:  # reported in the final event by the consumer
             self.sentences.put(error)
@@ -179,7 +178,7 @@ def run_turn(
     reason = reason or cancelled()
     stop_llm.set()
     if producer is not None:
-        producer.join(timeout=5.0)
+        producer.join(timeout=1.0)  # a drained stream may run on
         if producer.stats:
             timings.values["llm_stats"] = producer.stats
     timings.values.update(total_ms=clock.ms(), sentences=index, audio_s=round(position, 3))

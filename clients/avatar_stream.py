@@ -1,0 +1,155 @@
+"""One turn on the `avatar` model over a gRPC stream, shared by `say`, `chat` and tests.
+
+`stream_turn` sends audio or text, collects every response as a plain dict, measures the
+client-side time to first audio and first frame, and can cancel the stream (barge-in).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import queue
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+OUTPUTS = (
+    "kind", "text", "sentence_index", "emotion", "start_time", "audio", "sample_rate", "fps",
+    "blendshapes", "head_pose", "animation", "video", "error", "timings",
+)  # fmt: skip
+STRINGS = {"kind", "text", "emotion", "animation", "error", "timings"}
+
+
+@dataclasses.dataclass
+class TurnResult:
+    transcript: str = ""
+    sentences: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    final: dict[str, Any] = dataclasses.field(default_factory=dict)
+    error: str = ""  # the stream's error (a rejected request or a failed turn)
+    first_audio_s: float | None = None  # client side, from sending the request
+    first_frame_s: float | None = None
+    total_s: float = 0.0
+
+    @property
+    def timings(self) -> dict[str, Any]:
+        return json.loads(self.final.get("timings") or "{}")
+
+    def audio(self) -> tuple[np.ndarray, int]:
+        """The reply's audio placed at each sentence's start time (one clock)."""
+        spoken = [s for s in self.sentences if s["audio"].size]
+        if not spoken:
+            return np.zeros(0, np.float32), 22050
+        rate = int(spoken[0]["sample_rate"])
+        end = max(round(s["start_time"] * rate) + s["audio"].size for s in spoken)
+        out = np.zeros(end, np.float32)
+        for s in spoken:
+            at = round(s["start_time"] * rate)
+            out[at : at + s["audio"].size] = s["audio"]
+        return out, rate
+
+    def blendshapes(self) -> tuple[np.ndarray, np.ndarray, float]:
+        """All frames [T, 52] and head poses [T, 3] at the reply's fps, in clock order."""
+        spoken = [s for s in self.sentences if s["blendshapes"].size]
+        if not spoken:
+            return np.zeros((0, 52), np.float32), np.zeros((0, 3), np.float32), 30.0
+        fps = float(spoken[0]["fps"])
+        total = max(round(s["start_time"] * fps) + len(s["blendshapes"]) for s in spoken)
+        shapes, poses = np.zeros((total, 52), np.float32), np.zeros((total, 3), np.float32)
+        for s in spoken:
+            at = round(s["start_time"] * fps)
+            shapes[at : at + len(s["blendshapes"])] = s["blendshapes"]
+            poses[at : at + len(s["head_pose"])] = s["head_pose"]
+        return shapes, poses, fps
+
+
+def _input(name: str, array: np.ndarray, dtype: str):
+    import tritonclient.grpc as grpcclient
+
+    tensor = grpcclient.InferInput(name, list(array.shape), dtype)
+    tensor.set_data_from_numpy(array)
+    return tensor
+
+
+def _decode(result) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for tensor in result.get_response().outputs:
+        value = result.as_numpy(tensor.name)
+        if tensor.name in STRINGS:
+            out[tensor.name] = value.reshape(-1)[0].decode("utf-8")
+        elif tensor.name in {"sentence_index", "sample_rate"}:
+            out[tensor.name] = int(value.reshape(-1)[0])
+        elif tensor.name in {"start_time", "fps"}:
+            out[tensor.name] = float(value.reshape(-1)[0])
+        else:
+            out[tensor.name] = value
+    return out
+
+
+def stream_turn(
+    url: str,
+    *,
+    audio: np.ndarray | None = None,
+    text: str | None = None,
+    session_id: str = "",
+    controls: dict[str, Any] | None = None,
+    on_response: Callable[[dict[str, Any]], None] | None = None,
+    cancel_when: Callable[[dict[str, Any]], bool] | None = None,
+    timeout_s: float = 300.0,
+    model: str = "avatar",
+) -> TurnResult:
+    """Run one turn; `cancel_when(response)` True closes the stream with cancel_requests."""
+    import tritonclient.grpc as grpcclient
+
+    inputs = []
+    if audio is not None:
+        inputs.append(_input("audio", np.ascontiguousarray(audio, np.float32).reshape(-1), "FP32"))
+    if text is not None:
+        inputs.append(_input("text", np.array([text.encode()], dtype=object), "BYTES"))
+    if session_id:
+        inputs.append(_input("session_id", np.array([session_id.encode()], dtype=object), "BYTES"))
+    if controls:
+        blob = json.dumps(controls).encode()
+        inputs.append(_input("controls", np.array([blob], dtype=object), "BYTES"))
+
+    results: queue.Queue = queue.Queue()
+    turn = TurnResult()
+    client = grpcclient.InferenceServerClient(url)
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    started = time.perf_counter()
+    try:
+        client.async_stream_infer(model, inputs, enable_empty_final_response=True)
+        while True:
+            result, error = results.get(timeout=timeout_s)
+            if error is not None:
+                turn.error = str(error)
+                break
+            response = _decode(result)
+            _collect(turn, response, time.perf_counter() - started)
+            if on_response is not None and response:
+                on_response(response)
+            if cancel_when is not None and response and cancel_when(response):
+                client.stop_stream(cancel_requests=True)
+                break
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+    finally:
+        turn.total_s = time.perf_counter() - started
+        client.stop_stream()
+        client.close()
+    return turn
+
+
+def _collect(turn: TurnResult, response: dict[str, Any], elapsed: float) -> None:
+    kind = response.get("kind")
+    if kind == "transcript":
+        turn.transcript = response["text"]
+    elif kind == "sentence":
+        turn.sentences.append(response)
+        if turn.first_audio_s is None and response["audio"].size:
+            turn.first_audio_s = elapsed
+        if turn.first_frame_s is None and response["blendshapes"].size:
+            turn.first_frame_s = elapsed
+    elif kind == "final":
+        turn.final = response

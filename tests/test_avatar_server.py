@@ -1,0 +1,130 @@
+"""The `avatar` model (decoupled BLS over asr, llm, tts) on the real embedded tritonserver:
+a spoken question end to end, text input, bad requests, cancellation and barge-in."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from clients.avatar_stream import stream_turn
+
+pytestmark = pytest.mark.server
+SHORT = {"max_tokens": 24, "seed": 1}
+
+
+@pytest.fixture(scope="module")
+def grpc_url(triton_server) -> str:
+    return triton_server.grpc_url
+
+
+@pytest.fixture(scope="module")
+def question() -> np.ndarray:
+    from avatar.audio import reference_speech
+
+    silence = np.zeros(4000, np.float32)
+    return np.concatenate([silence, reference_speech("What is your name?"), silence])
+
+
+def _stats(url: str, model: str) -> int:
+    import tritonclient.grpc as grpcclient
+
+    with grpcclient.InferenceServerClient(url) as client:
+        stats = client.get_inference_statistics(model, as_json=True)
+    return int(stats["model_stats"][0].get("execution_count", 0))
+
+
+def test_spoken_question_streams_transcript_sentences_and_timings(grpc_url, question):
+    turn = stream_turn(grpc_url, audio=question, session_id="spoken", controls=SHORT)
+    assert turn.error == "", turn.error
+    assert "name" in turn.transcript.lower(), turn.transcript
+    spoken = [s for s in turn.sentences if s["audio"].size]
+    assert spoken, turn.sentences
+    position = 0.0
+    for s in spoken:
+        assert s["sample_rate"] == 22050 and s["fps"] == 30.0
+        frames = s["blendshapes"].shape[0]
+        assert s["blendshapes"].shape == (frames, 52) and frames > 5
+        assert frames / s["fps"] == pytest.approx(s["audio"].size / s["sample_rate"], abs=1e-3)
+        assert s["start_time"] == pytest.approx(position, abs=1e-3)  # one clock, no gaps
+        assert json.loads(s["animation"])["visemes"]
+        position += s["audio"].size / s["sample_rate"]
+    timings = turn.timings
+    for key in ("asr_ms", "llm_ms", "tts_ms", "animation_ms", "first_audio_ms", "total_ms"):
+        assert timings[key] > 0, key
+    assert timings["cancelled"] == "" and json.loads(turn.final["error"]) == []
+    assert turn.first_audio_s is not None and turn.first_audio_s <= turn.total_s
+
+
+def test_text_input_with_controls(grpc_url):
+    controls = dict(SHORT, fps=25, emotion="happy", intensity=0.5)
+    turn = stream_turn(grpc_url, text="Say hello to me.", controls=controls)
+    assert turn.error == "" and turn.transcript == "Say hello to me."
+    assert turn.sentences and all(s["fps"] == 25.0 for s in turn.sentences)
+    assert turn.sentences[0]["emotion"] == "happy"
+    assert turn.final["text"].strip()
+
+
+@pytest.mark.parametrize(
+    ("inputs", "words"),
+    [
+        ({"audio": np.zeros(1600, np.float32), "text": "hi"}, "exactly one"),
+        ({}, "exactly one"),
+        ({"audio": np.array([0.1, np.nan, 0.2], np.float32)}, "NaN"),
+        ({"text": "   "}, "text is empty"),
+        ({"text": "hi", "controls": {"fps": 1000}}, "fps"),
+    ],
+)
+def test_bad_requests_get_clear_errors_and_server_keeps_serving(grpc_url, inputs, words):
+    turn = stream_turn(grpc_url, **inputs)
+    assert "invalid request" in turn.error and words in turn.error, turn.error
+    assert not turn.sentences
+
+
+def test_cancelled_stream_stops_tts_work(grpc_url):
+    story = {"max_tokens": 160, "seed": 3}
+    text = "Tell me a long story about a dragon, in many short sentences."
+    turn = stream_turn(
+        grpc_url, text=text, controls=story, cancel_when=lambda r: r.get("kind") == "sentence"
+    )
+    assert len(turn.sentences) == 1 and not turn.final
+    time.sleep(1.5)  # the sentence in flight finishes
+    before = _stats(grpc_url, "tts_vits")
+    time.sleep(3.0)
+    assert _stats(grpc_url, "tts_vits") == before  # no more sentences are synthesised
+    llm_before = _stats(grpc_url, "llm_decoder")
+    time.sleep(1.0)
+    llm_after = _stats(grpc_url, "llm_decoder")
+    logging.getLogger(__name__).info("llm_decoder steps after cancel: %d", llm_after - llm_before)
+    after = stream_turn(grpc_url, text="Hello!", controls=SHORT)
+    assert after.error == "" and after.final
+
+
+def test_new_turn_on_same_session_supersedes_the_old_one(grpc_url):
+    story = {"max_tokens": 160, "seed": 3}
+    first: dict = {}
+    started = threading.Event()
+
+    def old_turn() -> None:
+        first["turn"] = stream_turn(
+            grpc_url,
+            text="Tell me a long story about a brave knight.",
+            session_id="barge",
+            controls=story,
+            on_response=lambda r: started.set() if r.get("kind") == "sentence" else None,
+        )
+
+    thread = threading.Thread(target=old_turn)
+    thread.start()
+    assert started.wait(120)
+    second = stream_turn(
+        grpc_url, text="Stop. What time is it?", session_id="barge", controls=SHORT
+    )
+    thread.join(120)
+    old = first["turn"]
+    assert old.error == "" and old.timings["cancelled"] == "superseded"
+    assert second.error == "" and second.timings["cancelled"] == ""

@@ -52,20 +52,25 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    """A spoken question (packaged voice) -> the embedded server -> the avatar's answer as
+    build/demo/answer.mp4 (+ .wav, .json), driven by the gRPC chat client."""
+    import numpy as np
+
     from avatar.audio import reference_speech, write_wav
-    from clients import vad_stream
+    from clients import chat
 
     out = Path(args.out or DEFAULT_BUILD / "demo")
     out.mkdir(parents=True, exist_ok=True)
-    import numpy as np
-
     silence = np.zeros(8000, np.float32)
-    speech = reference_speech("Hello! Could you tell me what the weather is like today?")
+    speech = reference_speech("Hello! What is your name, and what do you do?")
     wav = write_wav(out / "question.wav", np.concatenate([silence, speech, silence]), 16000)
     with tempfile.TemporaryDirectory(prefix="avatar-demo-") as tmp:
-        build_repository(Path(tmp) / "repository", "embedded", ["vad"])
+        build_repository(Path(tmp) / "repository", "embedded")
         with EmbeddedServer(ServerOptions(Path(tmp) / "repository")) as server:
-            return vad_stream.main([str(wav), "--url", server.grpc_url])
+            controls = '{"max_tokens": 64, "seed": 7}'
+            return chat.main(
+                [str(wav), "--url", server.grpc_url, "--out", str(out), "--controls", controls]
+            )
 
 
 def main(argv: list[str] | None = None) -> int:

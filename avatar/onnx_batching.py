@@ -43,7 +43,7 @@ class TensorIO:
             tuple(int(d) for d in entry["dims"]),
         )
 
-    def check(self, array: np.ndarray, batched: bool) -> None:
+    def check(self, array: np.ndarray, batched: bool, finite: bool = True) -> None:
         """Raise RequestError unless `array` matches this declaration."""
         if array.dtype.name != self.dtype:
             raise RequestError(
@@ -59,7 +59,7 @@ class TensorIO:
             )
         if batched and array.shape[0] == 0:
             raise RequestError(f"input {self.name!r} has an empty batch")
-        if array.dtype.kind == "f" and not np.isfinite(array).all():
+        if finite and array.dtype.kind == "f" and not np.isfinite(array).all():
             raise RequestError(f"input {self.name!r} contains NaN or Inf")
 
 
@@ -72,8 +72,10 @@ class BatchedSession:
         inputs: Sequence[TensorIO],
         outputs: Sequence[TensorIO],
         batched: bool,
+        check_finite: bool = True,
     ):
         self.session = session
+        self.check_finite = check_finite
         self.inputs = list(inputs)
         self.outputs = list(outputs)
         self.batched = batched
@@ -83,7 +85,9 @@ class BatchedSession:
             raise ValueError(f"config inputs {sorted(declared)} != ONNX inputs {sorted(names)}")
 
     @classmethod
-    def from_config(cls, path: Path, config: Mapping[str, Any], threads: int = 1) -> BatchedSession:
+    def from_config(
+        cls, path: Path, config: Mapping[str, Any], threads: int = 1, check_finite: bool = True
+    ) -> BatchedSession:
         import onnxruntime as ort
 
         options = ort.SessionOptions()
@@ -96,6 +100,7 @@ class BatchedSession:
             [TensorIO.from_config(e) for e in config.get("input", [])],
             [TensorIO.from_config(e) for e in config.get("output", [])],
             batched=int(config.get("max_batch_size", 0)) > 0,
+            check_finite=check_finite,
         )
 
     def _validate(self, request: Mapping[str, np.ndarray]) -> None:
@@ -103,7 +108,7 @@ class BatchedSession:
         for spec in self.inputs:
             if spec.name not in request:
                 raise RequestError(f"missing input {spec.name!r}")
-            spec.check(request[spec.name], self.batched)
+            spec.check(request[spec.name], self.batched, self.check_finite)
             if self.batched:
                 sizes.add(request[spec.name].shape[0])
         if len(sizes) > 1:

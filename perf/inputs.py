@@ -27,4 +27,12 @@ def vad_samples(count: int = 32) -> list[Sample]:
     return samples
 
 
-SAMPLES: dict[str, Callable[[], list[Sample]]] = {"vad": vad_samples}
+def asr_samples() -> list[Sample]:
+    """Two short spoken questions (the `asr` model takes one utterance per request)."""
+    from avatar.audio import reference_speech
+
+    texts = ["What time does the museum open on Sunday?", "Turn the lights off, please."]
+    return [{"audio": reference_speech(t)} for t in texts]
+
+
+SAMPLES: dict[str, Callable[[], list[Sample]]] = {"vad": vad_samples, "asr": asr_samples}

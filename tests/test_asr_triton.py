@@ -12,18 +12,11 @@ from export.asr_clips import clips
 from export.asr_report import reference_transcripts
 
 pytestmark = pytest.mark.server
-ASR_MODELS = ("asr", "asr_encoder", "asr_decoder", "vad")
 
 
 @pytest.fixture(scope="module")
-def grpc_url(tmp_path_factory) -> str:
-    from avatar.deployment import build_repository
-    from avatar.server import EmbeddedServer, ServerOptions
-
-    repository = tmp_path_factory.mktemp("asr_repository") / "models"
-    build_repository(repository, "embedded", ASR_MODELS)
-    with EmbeddedServer(ServerOptions(repository, models=ASR_MODELS)) as server:
-        yield server.grpc_url
+def grpc_url(triton_server) -> str:
+    return triton_server.grpc_url
 
 
 def _infer(

@@ -24,7 +24,12 @@ class TritonPythonModel:
         folder = Path(args["model_repository"]) / args["model_version"]
         path = folder / params.str("onnx_file", "model.onnx")
         self.session = BatchedSession.from_config(
-            path, config, threads=params.int("intra_op_threads", 1)
+            path,
+            config,
+            threads=params.int("intra_op_threads", 1),
+            # Off for models only other models call with tensors they made (e.g. the
+            # ASR decoder's 37-MB cross-attention cache on every step).
+            check_finite=params.bool("check_finite_inputs", True),
         )
         pb_utils.Logger.log_info(
             f"{config['name']}: ONNX Runtime runner for {path.name} "

@@ -8,8 +8,8 @@ import pytest
 
 from avatar.llm.decoder import KvLayout
 from avatar.sidecar import Sidecar, TensorSpec
+from export.engine import trtexec_command
 from export.llm_engine import DecoderProfile, build_engine
-from export.tts_engine import trtexec_command
 
 LAYOUT = KvLayout(layers=2, kv_heads=3, head_dim=64)
 SIDECAR = Sidecar(
@@ -26,7 +26,7 @@ SIDECAR = Sidecar(
 
 def test_trtexec_profiles_cover_first_step_and_context(tmp_path):
     cmd = trtexec_command(
-        tmp_path / "m.onnx", tmp_path / "m.plan", SIDECAR, "fp16", DecoderProfile()
+        tmp_path / "m.onnx", tmp_path / "m.plan", SIDECAR, DecoderProfile(), "fp16"
     )
     flags = dict(c.split("=", 1) for c in cmd[1:] if "=" in c)
     assert flags["--minShapes"].startswith("input_ids:1x1,attention_mask:1x1,position_ids:1x1,")

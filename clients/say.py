@@ -39,11 +39,15 @@ def report(turn: TurnResult) -> str:
         return "-" if value is None else f"{value * 1000:.0f} ms"
 
     timings = turn.timings
-    stages = {k: v for k, v in timings.items() if k.endswith("_ms")}
+
+    def listing(values: dict) -> str:
+        return ", ".join(f"{k}={v:.0f}" for k, v in values.items())
+
     lines = [
         f"time to first audio: {seconds(turn.first_audio_s)}, first frame: "
         f"{seconds(turn.first_frame_s)}, turn: {seconds(turn.total_s)} (client side)",
-        "server timings (ms): " + ", ".join(f"{k[:-3]}={v}" for k, v in stages.items()),
+        "server, ms since the request: " + listing(timings.get("since_request_ms", {})),
+        "server, ms per stage (summed): " + listing(timings.get("stage_ms", {})),
     ]
     if "llm_stats" in timings:
         lines.append(f"llm: {json.dumps(timings['llm_stats'])}")

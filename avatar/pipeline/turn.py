@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from avatar.animation.pipeline import animate
+from avatar.animation.pipeline import Animation, animate
 from avatar.pipeline.events import FinalEvent, SentenceEvent, TranscriptEvent, TurnEvent
-from avatar.pipeline.request import TurnRequest
+from avatar.pipeline.request import Controls, TurnRequest
 
 log = logging.getLogger(__name__)
 
@@ -67,21 +67,27 @@ class _Clock:
 
 
 class _Timings:
-    """Summed wall time per stage (ms) plus milestones since the request arrived."""
+    """`stage_ms`: wall time summed per stage (asr, llm, tts, animation, render);
+    `since_request_ms`: milestones (transcript, llm_first_sentence, first_audio,
+    first_frame, total) measured from the request's arrival."""
 
     def __init__(self, clock: _Clock):
         self.clock = clock
-        self.values: dict[str, Any] = {}
+        self.stage: dict[str, float] = {}
+        self.since: dict[str, float] = {}
+        self.values: dict[str, Any] = {"stage_ms": self.stage, "since_request_ms": self.since}
         self._lock = threading.Lock()
 
     def add(self, stage: str, started: float) -> None:
         with self._lock:
             ms = (time.perf_counter() - started) * 1000.0
-            self.values[f"{stage}_ms"] = round(self.values.get(f"{stage}_ms", 0.0) + ms, 1)
+            self.stage[stage] = round(self.stage.get(stage, 0.0) + ms, 1)
 
-    def mark(self, milestone: str) -> None:
+    def mark(self, *milestones: str) -> None:
+        now = self.clock.ms()
         with self._lock:
-            self.values.setdefault(f"{milestone}_ms", self.clock.ms())
+            for milestone in milestones:
+                self.since.setdefault(milestone, now)
 
 
 _DONE = object()
@@ -168,10 +174,7 @@ def run_turn(
             if cancelled():
                 break
             emit(event)
-            if event.audio.size:
-                timings.mark("first_audio")
-            if event.blendshapes.shape[0]:
-                timings.mark("first_frame")
+            timings.mark(*_firsts(event))
             said.append(event.text)
             position += event.duration
             index += 1
@@ -181,10 +184,15 @@ def run_turn(
         producer.join(timeout=1.0)  # a drained stream may run on
         if producer.stats:
             timings.values["llm_stats"] = producer.stats
-    timings.values.update(total_ms=clock.ms(), sentences=index, audio_s=round(position, 3))
+    timings.mark("total")
+    timings.values.update(sentences=index, audio_s=round(position, 3))
     final = FinalEvent(transcript, " ".join(said), reason, errors, timings.values)
     emit(final)
     return final
+
+
+def _firsts(event: SentenceEvent) -> list[str]:
+    return ["first_audio"] * bool(event.audio.size) + ["first_frame"] * bool(len(event.blendshapes))
 
 
 def _sentences(producer, config: PipelineConfig, errors: list[str], cancelled) -> Iterator[str]:
@@ -269,14 +277,19 @@ def _animated(text: str, index: int, position: float, speech: Speech, turn: _Tur
         fps=controls.fps,
         blendshapes=blendshapes,
         head_pose=pose,
-        animation={
-            "visemes": animation.viseme_track(),
-            "gestures": [dataclasses.asdict(g) for g in animation.gestures],
-            "blinks": animation.blinks,
-            "emotion": {"label": controls.emotion, "intensity": controls.intensity},
-        },
+        animation=animation_json(animation, controls),
         frames=video,
     )
+
+
+def animation_json(animation: Animation, controls: Controls) -> dict[str, Any]:
+    """Visemes, gestures, blinks (s) and the emotion, as clients receive them (JSON)."""
+    return {
+        "visemes": animation.viseme_track(),
+        "gestures": [dataclasses.asdict(g) for g in animation.gestures],
+        "blinks": animation.blinks,
+        "emotion": {"label": controls.emotion, "intensity": controls.intensity},
+    }
 
 
 def _text_only(text: str, index: int, position: float, controls, error: str) -> SentenceEvent:

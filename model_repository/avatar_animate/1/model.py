@@ -1,0 +1,56 @@
+"""`avatar_animate`: phoneme timings -> ARKit-52 frames (a thin adapter over
+avatar.pipeline.speech / avatar.animation)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from avatar.pipeline.request import Controls
+from avatar.pipeline.speech import animate_utterance, animation_json
+from avatar.triton import bls
+
+
+def _strings(array: np.ndarray) -> list[str]:
+    return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in array.reshape(-1)]
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, str]) -> None:
+        pb_utils.Logger.log_info("avatar_animate: ready")
+
+    def execute(self, requests: list) -> list:
+        responses = []
+        for request in requests:
+            try:
+                responses.append(self._animate(request))
+            except Exception as error:  # this request fails; the model keeps serving
+                pb_utils.Logger.log_warn(f"avatar_animate: {type(error).__name__}: {error}")
+                responses.append(bls.error_response(error))
+        assert len(responses) == len(requests)
+        return responses
+
+    def _animate(self, request):
+        controls_in = bls.input_array(request, "controls", optional=True)
+        controls = Controls.from_json(_strings(controls_in)[0] if controls_in is not None else "")
+        duration = bls.input_array(request, "duration", optional=True)
+        animation = animate_utterance(
+            _strings(bls.input_array(request, "phonemes")),
+            bls.input_array(request, "phoneme_starts"),
+            bls.input_array(request, "phoneme_ends"),
+            None if duration is None else float(duration.reshape(-1)[0]),
+            controls,
+        )
+        tensors = {
+            "blendshapes": animation.blendshapes,
+            "head_pose": animation.head_pose,
+            "fps": np.array([animation.fps], np.float32),
+            "animation": np.array(
+                [json.dumps(animation_json(animation, controls)).encode()], object
+            ),
+        }
+        return pb_utils.InferenceResponse(
+            output_tensors=[pb_utils.Tensor(k, v) for k, v in tensors.items()]
+        )

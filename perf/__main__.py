@@ -27,6 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--models", nargs="+", default=sorted(SAMPLES), choices=sorted(SAMPLES))
     run.add_argument("--concurrency", nargs="+", type=int, default=[1, 2, 4, 8])
     run.add_argument("--measurement-ms", type=int, default=3000)
+    run.add_argument(
+        "--stability", type=float, default=10.0, help="perf_analyzer --stability-percentage"
+    )
     run.add_argument("--out", type=Path, default=RESULTS, help="folder for <model>.csv")
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -45,7 +48,14 @@ def main(argv: list[str] | None = None) -> int:
         all_points = []
         for model in args.models:
             data = input_data_file(SAMPLES[model](), tmp)
-            points = sweep(url, model, args.concurrency, data, args.measurement_ms)
+            points = sweep(
+                url,
+                model,
+                args.concurrency,
+                data,
+                args.measurement_ms,
+                stability_percent=args.stability,
+            )
             path = write_csv(points, args.out / f"{model}.csv")
             log.info("%s: %d points saved to %s", model, len(points), path)
             all_points += points

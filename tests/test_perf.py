@@ -21,7 +21,9 @@ def test_sweep_writes_csv(triton_server: EmbeddedServer, tmp_path: Path, capsys)
             "1",
             "2",
             "--measurement-ms",
-            "500",
+            "1000",
+            "--stability",
+            "100",
             "--out",
             str(tmp_path),
         ]

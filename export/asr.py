@@ -85,14 +85,19 @@ class _WhisperRecipe(ArtifactRecipe):
         from onnxruntime.quantization import QuantType, quantize_dynamic
         from onnxruntime.transformers.float16 import convert_float_to_float16
 
-        logging.getLogger().setLevel(max(logging.getLogger().level, logging.WARNING))  # chatty
-        quantize_dynamic(
-            out_dir / "model.onnx",
-            out_dir / "model.int8.onnx",
-            weight_type=QuantType.QInt8,
-            per_channel=True,
-            op_types_to_quantize=["MatMul", "Gemm"],
-        )
+        root = logging.getLogger()
+        level = root.level
+        root.setLevel(max(level, logging.WARNING))  # the quantizer logs at INFO on the root
+        try:
+            quantize_dynamic(
+                out_dir / "model.onnx",
+                out_dir / "model.int8.onnx",
+                weight_type=QuantType.QInt8,
+                per_channel=True,
+                op_types_to_quantize=["MatMul", "Gemm"],
+            )
+        finally:
+            root.setLevel(level)
         fp16 = convert_float_to_float16(onnx.load(str(out_dir / "model.onnx")), keep_io_types=True)
         onnx.save(fp16, str(out_dir / "model.fp16.onnx"))
 

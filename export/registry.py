@@ -16,6 +16,7 @@ RECIPES: dict[str, str] = {
     "vad": "export.vad:VadRecipe",
     "tts_vits": "export.tts:VitsRecipe",
     "llm_decoder": "export.llm:LlmDecoderRecipe",
+    "renderer": "export.renderer:RendererRecipe",
 }
 
 

@@ -28,7 +28,9 @@ class Controls:
     persona: str = ""  # a system prompt for this turn; "" keeps the llm's configured one
     max_tokens: int = 0  # 0: the avatar model's default
     seed: int = 0
-    render: bool = True  # video frames, when a renderer model is served
+    # video frames, when a renderer model is served; off by default because the CPU
+    # renderer draws ~12 frames/s (export.renderer --report), slower than real time
+    render: bool = False
 
     def animation(self, t0: float = 0.0) -> AnimationConfig:
         return AnimationConfig(

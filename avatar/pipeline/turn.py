@@ -265,7 +265,11 @@ def _animated(text: str, index: int, position: float, speech: Speech, turn: _Tur
     video = None
     if stages.render is not None and controls.render:
         started = time.perf_counter()
-        video = stages.render(blendshapes, pose)
+        try:
+            video = stages.render(blendshapes, pose)
+        except Exception as error:  # frames are optional: audio and blendshapes still go
+            turn.errors.append(f"render: {error}")
+            log.warning("sentence %d without video: %s", index, error)
         timings.add("render", started)
     return SentenceEvent(
         index=index,

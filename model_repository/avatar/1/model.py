@@ -84,6 +84,7 @@ class TritonPythonModel:
         renderer = params.str("renderer_model", "renderer")
         served = Path(args["model_repository"]).parent / renderer / "config.pbtxt"
         self.renderer = renderer if served.is_file() else ""
+        self.render_batch = _max_batch(served) if self.renderer else 1
         self.max_tokens = params.int("max_tokens", 96)
         self.temperature = params.float("temperature", 0.7)
         self.tts_timeout_us = int(params.float("tts_timeout_s", 30.0) * 1e6)
@@ -149,8 +150,15 @@ class TritonPythonModel:
             )
 
     def _render(self, blendshapes: np.ndarray, head_pose: np.ndarray) -> np.ndarray:
-        inputs = {"blendshapes": blendshapes, "head_pose": head_pose}
-        return bls.infer(self.renderer, inputs, ["frames"])["frames"]
+        """Frames [T, H, W, 3], in requests of at most the renderer's max_batch_size."""
+        frames = []
+        for at in range(0, len(blendshapes), self.render_batch):
+            inputs = {
+                "blendshapes": blendshapes[at : at + self.render_batch],
+                "head_pose": head_pose[at : at + self.render_batch],
+            }
+            frames.append(bls.infer(self.renderer, inputs, ["frames"])["frames"])
+        return np.concatenate(frames)
 
     # ------------------------------------------------------------------ requests
     def execute(self, requests: list) -> None:
@@ -177,16 +185,29 @@ class TritonPythonModel:
 
     def _run(self, turn: TurnRequest, request, sender) -> None:
         token = self.turns.begin(turn.session_id)
+        ended, lock = threading.Event(), threading.Lock()
 
         def cancelled() -> str:
-            if request.is_cancelled():
-                return "client"
+            # A drained llm stream may still ask after the final response: never touch the
+            # request once its stream is closed.
+            with lock:
+                if ended.is_set():
+                    return "ended"
+                if request.is_cancelled():
+                    return "client"
             return "superseded" if token.superseded else ""
 
+        def close(response) -> None:
+            with lock:
+                ended.set()
+                sender.send(response, flags=FINAL)
+
         def emit(event: TurnEvent) -> None:
-            final = isinstance(event, FinalEvent)
             try:
-                sender.send(self._response(event), flags=FINAL if final else 0)
+                if isinstance(event, FinalEvent):
+                    close(self._response(event))
+                else:
+                    sender.send(self._response(event))
             except Exception as error:  # e.g. the client went away; the turn still ends
                 pb_utils.Logger.log_warn(f"avatar: could not send a response: {error}")
 
@@ -197,7 +218,7 @@ class TritonPythonModel:
         except Exception as error:  # the turn fails as a whole (e.g. ASR); stream closed
             pb_utils.Logger.log_warn(f"avatar: turn failed: {type(error).__name__}: {error}")
             try:
-                sender.send(bls.error_response(error), flags=FINAL)
+                close(bls.error_response(error))
             except Exception as send_error:
                 pb_utils.Logger.log_warn(f"avatar: could not send the error: {send_error}")
         finally:
@@ -249,6 +270,13 @@ def _sentence_tensors(event: SentenceEvent) -> dict[str, np.ndarray]:
     if event.frames is not None:
         tensors["video"] = np.ascontiguousarray(event.frames, np.uint8)
     return tensors
+
+
+def _max_batch(config: Path) -> int:
+    """The renderer's max_batch_size from its config (1 when it does not batch)."""
+    from avatar.repository import parse_config
+
+    return max(1, int(parse_config(config).max_batch_size))
 
 
 def _optional_text(request, name: str) -> str | None:

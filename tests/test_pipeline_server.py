@@ -22,6 +22,20 @@ def grpc_url(triton_server) -> str:
     return triton_server.grpc_url
 
 
+@pytest.fixture(scope="module", autouse=True)
+def llm_idle_after(grpc_url):
+    """Cancelled turns leave the llm generating to max_tokens (Triton 2.51 cannot cancel a
+    BLS stream); wait for it to go idle so later tests find the shared server as it was."""
+    yield
+    deadline, last = time.monotonic() + 120, -1
+    while time.monotonic() < deadline:
+        count = _stats(grpc_url, "llm_decoder")
+        if count == last:
+            return
+        last = count
+        time.sleep(1.0)
+
+
 @pytest.fixture(scope="module")
 def question() -> np.ndarray:
     from avatar.audio import reference_speech
@@ -130,3 +144,14 @@ def test_new_turn_on_same_session_supersedes_the_old_one(grpc_url):
     old = first["turn"]
     assert old.error == "" and old.timings["cancelled"] == "superseded"
     assert second.error == "" and second.timings["cancelled"] == ""
+
+
+def test_render_control_streams_video_frames_with_the_blendshapes(grpc_url):
+    turn = stream_turn(grpc_url, text="Hi!", controls={"max_tokens": 8, "seed": 1, "render": True})
+    assert turn.error == "", turn.error
+    rendered = [s for s in turn.sentences if s["blendshapes"].size]
+    assert rendered and json.loads(turn.final["error"]) == []
+    for s in rendered:
+        assert s["video"].dtype == np.uint8 and s["video"].shape[3] == 3
+        assert len(s["video"]) == len(s["blendshapes"])  # one image per frame
+    assert turn.timings["stage_ms"]["render"] > 0

@@ -1,0 +1,77 @@
+"""Sentence emotion classifier: committed weights, clear examples, held-out accuracy, bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from avatar.animation import tables
+from avatar.animation.emotion import emotion_vector
+from avatar.animation.emotion_classifier import WEIGHTS_PATH, EmotionClassifier
+from avatar.errors import RequestError
+from export.emotion_train import load_sentences
+
+# Measured 0.886 (93/105) by `python -m export.emotion_train --evaluate`; margin for
+# numerical drift across torch/transformers versions and CPUs.
+HELDOUT_ACCURACY_MIN = 0.80
+
+
+@pytest.fixture(scope="module")
+def classifier() -> EmotionClassifier:
+    return EmotionClassifier.load()
+
+
+def test_weights_are_small_and_match_the_facs_table(classifier: EmotionClassifier) -> None:
+    assert WEIGHTS_PATH.stat().st_size < 64 * 1024
+    assert classifier.labels == tables.EMOTIONS
+    assert classifier.weights.shape == (384, len(tables.EMOTIONS))
+    assert classifier.temperature > 0
+
+
+@pytest.mark.parametrize(
+    ("text", "label"),
+    [
+        ("I'm so happy to see you!", "happy"),
+        ("I'm sorry for your loss.", "sad"),
+        ("The store opens at nine tomorrow morning.", "neutral"),
+        ("This is outrageous, how dare they lie to us!", "angry"),
+        ("Wow, I never expected that!", "surprised"),
+        ("I'm scared, there's someone in the house.", "afraid"),
+        ("Ew, this food is rotten and smells disgusting.", "disgusted"),
+    ],
+)
+def test_clear_examples(classifier: EmotionClassifier, text: str, label: str) -> None:
+    emotion = classifier.predict(text)
+    assert emotion.label == label, emotion
+    assert sum(emotion.probabilities.values()) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_intensity_in_range_and_usable_by_the_facs_blend(classifier: EmotionClassifier) -> None:
+    neutral, happy = classifier.predict_batch(
+        ["Your package ships on Monday.", "Congratulations, that's wonderful news!"]
+    )
+    assert neutral.label == "neutral" and neutral.intensity == 0.0
+    assert happy.label == "happy" and 0.5 < happy.intensity <= 1.0
+    for e in (neutral, happy):
+        vec = emotion_vector(e.label, e.intensity)
+        assert vec.shape == (len(tables.ARKIT_NAMES),)
+    assert not np.any(emotion_vector(neutral.label, neutral.intensity))
+
+
+def test_heldout_accuracy(classifier: EmotionClassifier) -> None:
+    data = load_sentences()
+    texts, y = data["heldout"]
+    assert not set(texts) & set(data["train"][0])
+    predicted = [tables.EMOTIONS.index(e.label) for e in classifier.predict_batch(texts)]
+    accuracy = float(np.mean(np.array(predicted) == y))
+    assert accuracy >= HELDOUT_ACCURACY_MIN, accuracy
+
+
+@pytest.mark.parametrize("text", ["", "   \n", None, 3])
+def test_bad_input_is_a_request_error(classifier: EmotionClassifier, text: object) -> None:
+    with pytest.raises(RequestError):
+        classifier.predict(text)  # type: ignore[arg-type]
+
+
+def test_empty_batch(classifier: EmotionClassifier) -> None:
+    assert classifier.predict_batch([]) == []

@@ -154,3 +154,23 @@ def test_session_memory_and_bounded_context(artifact, decoder):
     history = eng.sessions.history("a")
     assert history[0].role == "system" and history[1].content != "My name is Alice."
     assert eng.count_tokens(history[:-1]) <= 160 - 24
+
+
+def test_cached_conversations_hold_the_kv_of_their_own_tokens(artifact, decoder):
+    """Every prefix-cache entry must equal the KV cache recomputed from its key alone
+    (an entry one position off once made later turns answer other sessions' questions)."""
+    import numpy as np
+
+    from avatar.llm.decoder import positions
+
+    eng = engine(artifact, decoder)
+    for question in ("Tell me a joke.", "What is your name?"):
+        run(eng, question, sampling=json.dumps({"temperature": 0, "max_tokens": 200}))
+    assert len(eng.cache) >= 2
+    for key, past in list(eng.cache._entries.items()):  # checking the store itself
+        ids = np.asarray([key], np.int64)
+        mask = np.ones_like(ids)
+        _, fresh = decoder.step(ids, mask, positions(mask, ids.shape[1]), decoder.layout.empty(1))
+        for cached, recomputed in zip(past, fresh, strict=True):
+            assert cached.shape == recomputed.shape
+            np.testing.assert_allclose(cached, recomputed, atol=2e-3)

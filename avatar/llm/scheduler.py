@@ -214,10 +214,14 @@ class Scheduler:
         if sentence:
             chunks.append(Chunk("", sentence))
         if g.past is not None and reason in ("stop", "length") and g.generated:
-            # the conversation so far, for the next turn of this session (copied: views
-            # would keep whole batch tensors alive)
-            ids = (g.prompt + g.generated)[: g.length]
-            self.cache.put(ids, [np.ascontiguousarray(p[:, :, -g.length :]) for p in g.past])
+            # The conversation so far, for the next turn of this session. The key is taken
+            # from what the cache really holds: a generation that ends on a stop id has fed
+            # its last token (unlike `length` assumes), and a key one token off would shift
+            # every position of the entry. Copied: views would keep batch tensors alive.
+            held = g.past[0].shape[2]
+            ids = (g.prompt + g.generated)[:held]
+            if len(ids) == held:
+                self.cache.put(ids, [np.ascontiguousarray(p) for p in g.past])
         now = time.monotonic()
         stats = {
             "prompt_tokens": float(len(g.prompt)),

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from avatar.audio import read_wav, resample
 from clients.avatar_stream import stream_turn
-from clients.say import progress, report, save
+from clients.say import finish, progress
 
 log = logging.getLogger(__name__)
 
@@ -38,13 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         controls=json.loads(args.controls),
         on_response=progress,
     )
-    if turn.error:
-        log.error("%s", turn.error)
-        return 1
-    sys.stdout.write(report(turn) + "\n")
-    for kind, path in save(turn, args.out).items():
-        sys.stdout.write(f"{kind}: {path}\n")
-    return 0
+    return finish(turn, args.out)
 
 
 if __name__ == "__main__":

@@ -58,6 +58,17 @@ def report(turn: TurnResult) -> str:
     return "\n".join(lines)
 
 
+def finish(turn: TurnResult, out: Path) -> int:
+    """Print the turn's figures and save its files; 1 when the turn failed."""
+    if turn.error:
+        log.error("%s", turn.error)
+        return 1
+    sys.stdout.write(report(turn) + "\n")
+    for kind, path in save(turn, out).items():
+        sys.stdout.write(f"{kind}: {path}\n")
+    return 0
+
+
 def save(turn: TurnResult, out: Path, stem: str = "answer") -> dict[str, Path]:
     """Write <stem>.wav, <stem>.mp4 (audio and frames on the turn clock), <stem>.json."""
     from avatar.animation.video import write_mp4
@@ -122,13 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         controls=json.loads(args.controls),
         on_response=progress,
     )
-    if turn.error:
-        log.error("%s", turn.error)
-        return 1
-    sys.stdout.write(report(turn) + "\n")
-    for kind, path in save(turn, args.out).items():
-        sys.stdout.write(f"{kind}: {path}\n")
-    return 0
+    return finish(turn, args.out)
 
 
 if __name__ == "__main__":

@@ -17,19 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
+from avatar.llm.bench import QUESTIONS
+
 log = logging.getLogger(__name__)
 
 MODELS = ("llm", "llm_decoder")
-QUESTIONS = (
-    "Hello! When can I check in?",
-    "Where is breakfast served?",
-    "How much is parking?",
-    "Can I borrow an umbrella?",
-    "How do I get to the station?",
-    "When does the spa open?",
-    "Is there a gym?",
-    "Can you call me a taxi?",
-)
 
 
 def stream_turn(url: str, messages: list[dict], sampling: dict) -> tuple[float, int, dict]:

@@ -3,6 +3,7 @@ frames, LLM/TTS overlap, fallbacks, cancellation and barge-in bookkeeping."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -21,6 +22,8 @@ from avatar.pipeline import (
     parse_turn,
     run_turn,
 )
+from avatar.pipeline.request import Controls
+from avatar.pipeline.turn import sentence_emotion
 
 RATE = 22050
 SYMBOLS = ["^", "h", "ɛ", "l", "o", " ", "m", "a", "$"]
@@ -64,10 +67,11 @@ class FakeStages:
         return Stages(self.transcribe, self.chat, self.speak)
 
 
-def run(fake: FakeStages, request=None, cancelled=lambda: "", config=None):
+def run(fake: FakeStages, request=None, cancelled=lambda: "", config=None, stages=None):
     events: list = []
     request = request or parse_turn(np.zeros(16000, np.float32), None, "s", "{}")
-    final = run_turn(request, fake.stages(), events.append, cancelled, config or PipelineConfig())
+    stages = stages or fake.stages()
+    final = run_turn(request, stages, events.append, cancelled, config or PipelineConfig())
     return events, final
 
 
@@ -178,3 +182,19 @@ def test_controls_are_parsed():
     request = parse_turn(None, "hi", " s1 ", '{"fps": 25, "alpha": 0.8, "max_tokens": 16}')
     assert request.session_id == "s1" and request.controls.fps == 25
     assert request.controls.max_tokens == 16 and request.controls.alpha == 0.8
+
+
+def test_auto_emotion_comes_from_each_sentence():
+    fake = FakeStages(reply=("Wonderful news!", "Oh no."))
+    moods = {"Wonderful news!": ("happy", 1.0), "Oh no.": ("sad", 0.5)}
+    stages = dataclasses.replace(fake.stages(), feel=lambda text: moods[text])
+    events, _ = run(fake, stages=stages)
+    sentences = [e for e in events if isinstance(e, SentenceEvent)]
+    assert [(e.emotion, e.animation["emotion"]["intensity"]) for e in sentences] == [
+        ("happy", 0.6),
+        ("sad", 0.3),
+    ]
+    # Without a classifier, "auto" is neutral; a fixed label is kept as sent.
+    assert sentence_emotion("Hi.", Controls(), None).emotion == "neutral"
+    fixed = Controls(emotion="angry", intensity=0.4)
+    assert sentence_emotion("Hi.", fixed, lambda t: ("happy", 1.0)) == fixed

@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 
+from avatar.animation.tables import EMOTIONS
 from clients.avatar_stream import stream_turn
 
 pytestmark = pytest.mark.server
@@ -66,6 +67,8 @@ def test_spoken_question_streams_transcript_sentences_and_timings(grpc_url, ques
         assert frames / s["fps"] == pytest.approx(s["audio"].size / s["sample_rate"], abs=1e-3)
         assert s["start_time"] == pytest.approx(position, abs=1e-3)  # one clock, no gaps
         assert json.loads(s["animation"])["visemes"]
+        # emotion "auto" (the default): each sentence's own, from the served classifier
+        assert s["emotion"] in EMOTIONS, s["emotion"]
         position += s["audio"].size / s["sample_rate"]
     timings = turn.timings
     for stage in ("asr", "llm", "tts", "animation"):

@@ -17,14 +17,19 @@ MAX_TEXT_CHARS = 2000
 MAX_TOKENS_RANGE = (1, 512)
 
 
+AUTO_EMOTION = "auto"
+
+
 @dataclasses.dataclass(frozen=True)
 class Controls:
     """Per-turn controls a client may send as the `controls` JSON object."""
 
     fps: float = 30.0
     alpha: float = 0.7  # blendshape smoothing (EMA release), 0.5 responsive ... 0.9 calm
-    emotion: str = "neutral"
-    intensity: float = 0.0
+    # "auto": each reply sentence's emotion from its text (the avatar model's classifier);
+    # or a fixed label of avatar.animation.tables.EMOTIONS
+    emotion: str = AUTO_EMOTION
+    intensity: float = 0.6  # the fixed label's strength, or the most "auto" may use
     persona: str = ""  # a system prompt for this turn; "" keeps the llm's configured one
     max_tokens: int = 0  # 0: the avatar model's default
     seed: int = 0
@@ -33,11 +38,13 @@ class Controls:
     render: bool = False
 
     def animation(self, t0: float = 0.0) -> AnimationConfig:
+        """The animation settings; "auto" not resolved by a classifier is neutral."""
+        auto = self.emotion == AUTO_EMOTION
         return AnimationConfig(
             fps=self.fps,
             alpha=self.alpha,
-            emotion=self.emotion,
-            intensity=self.intensity,
+            emotion="neutral" if auto else self.emotion,
+            intensity=0.0 if auto else self.intensity,
             seed=self.seed,
             t0=t0,
         )
@@ -68,7 +75,10 @@ class Controls:
         return controls
 
     def validate(self) -> None:
-        self.animation().validate()  # fps, alpha, emotion label and intensity
+        concrete = (
+            self if self.emotion != AUTO_EMOTION else dataclasses.replace(self, emotion="neutral")
+        )
+        concrete.animation().validate()  # fps, alpha, emotion label and intensity
         low, high = MAX_TOKENS_RANGE
         if self.max_tokens and not low <= self.max_tokens <= high:
             raise RequestError(

@@ -21,7 +21,7 @@ import numpy as np
 
 from avatar.animation.pipeline import Animation, animate
 from avatar.pipeline.events import FinalEvent, SentenceEvent, TranscriptEvent, TurnEvent
-from avatar.pipeline.request import Controls, TurnRequest
+from avatar.pipeline.request import AUTO_EMOTION, Controls, TurnRequest
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,8 @@ class Stages:
     chat: Callable[[str, TurnRequest, Callable[[], bool]], Iterator[str]]
     speak: Callable[[str, TurnRequest], Iterator[Speech]]
     render: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None
+    # reply sentence -> (emotion label, confidence 0..1), for the "auto" emotion control
+    feel: Callable[[str], tuple[str, float]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,6 +258,7 @@ def _animated(text: str, index: int, position: float, speech: Speech, turn: _Tur
     audio[: min(samples, speech.audio.size)] = speech.audio[:samples]
     frames = round(samples * controls.fps / speech.sample_rate)
     started = time.perf_counter()
+    controls = sentence_emotion(text, controls, stages.feel)
     phonemes = list(zip(speech.phonemes, speech.starts.tolist(), speech.ends.tolist(), strict=True))
     animation = animate(
         phonemes, controls.animation(t0=position), text=text, duration=frames / controls.fps
@@ -284,6 +287,19 @@ def _animated(text: str, index: int, position: float, speech: Speech, turn: _Tur
         animation=animation_json(animation, controls),
         frames=video,
     )
+
+
+def sentence_emotion(
+    text: str, controls: Controls, feel: Callable[[str], tuple[str, float]] | None
+) -> Controls:
+    """Controls with a concrete emotion: "auto" takes the sentence's own (its confidence
+    scaled by the `intensity` control), or neutral where no classifier is served."""
+    if controls.emotion != AUTO_EMOTION:
+        return controls
+    if feel is None or not text.strip():
+        return dataclasses.replace(controls, emotion="neutral", intensity=0.0)
+    label, confidence = feel(text)
+    return dataclasses.replace(controls, emotion=label, intensity=controls.intensity * confidence)
 
 
 def animation_json(animation: Animation, controls: Controls) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from avatar.animation.emotion_classifier import EmotionClassifier
 from avatar.errors import StageError
 from avatar.pipeline import (
     FinalEvent,
@@ -96,8 +97,13 @@ class TritonPythonModel:
         self.turns = SessionTurns()
         self.threads: set[threading.Thread] = set()
         self.lock = threading.Lock()
+        self.emotions = EmotionClassifier.load()
         self.stages = Stages(
-            self._transcribe, self._chat, self._speak, self._render if self.renderer else None
+            self._transcribe,
+            self._chat,
+            self._speak,
+            self._render if self.renderer else None,
+            feel=self._feel,
         )
         video = f"video via {renderer}" if self.renderer else f"no video ({renderer} not served)"
         pb_utils.Logger.log_info(
@@ -105,6 +111,10 @@ class TritonPythonModel:
         )
 
     # ------------------------------------------------------------------ stages (BLS)
+    def _feel(self, text: str) -> tuple[str, float]:
+        emotion = self.emotions.predict(text)
+        return emotion.label, emotion.intensity
+
     def _transcribe(self, audio: np.ndarray) -> str:
         out = bls.infer(self.asr_model, {"audio": audio.reshape(1, -1)}, ["text"])
         return _str(out["text"])

@@ -5,7 +5,7 @@ Imported only inside the python-backend stub.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -73,6 +73,24 @@ def error_response(error: Exception) -> pb_utils.InferenceResponse:
     else:
         message = f"internal error: {type(error).__name__}: {error}"
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+
+
+def answer_each(
+    model: str,
+    requests: Sequence[pb_utils.InferenceRequest],
+    handle: Callable[[pb_utils.InferenceRequest], pb_utils.InferenceResponse],
+) -> list[pb_utils.InferenceResponse]:
+    """`execute` of a non-decoupled model: one response per request, a failing request
+    answered with its own error while the others are served."""
+    responses = []
+    for request in requests:
+        try:
+            responses.append(handle(request))
+        except Exception as error:  # this request fails; the model keeps serving
+            pb_utils.Logger.log_warn(f"{model}: {type(error).__name__}: {error}")
+            responses.append(error_response(error))
+    assert len(responses) == len(requests), "one response per request"
+    return responses
 
 
 def input_array(request: pb_utils.InferenceRequest, name: str, optional: bool = False):

@@ -22,15 +22,7 @@ class TritonPythonModel:
         pb_utils.Logger.log_info("avatar_animate: ready")
 
     def execute(self, requests: list) -> list:
-        responses = []
-        for request in requests:
-            try:
-                responses.append(self._animate(request))
-            except Exception as error:  # this request fails; the model keeps serving
-                pb_utils.Logger.log_warn(f"avatar_animate: {type(error).__name__}: {error}")
-                responses.append(bls.error_response(error))
-        assert len(responses) == len(requests)
-        return responses
+        return bls.answer_each("avatar_animate", requests, self._animate)
 
     def _animate(self, request):
         controls_in = bls.input_array(request, "controls", optional=True)

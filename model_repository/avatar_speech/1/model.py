@@ -25,15 +25,7 @@ class TritonPythonModel:
         pb_utils.Logger.log_info(f"avatar_speech: via {self.tts_model}")
 
     def execute(self, requests: list) -> list:
-        responses = []
-        for request in requests:
-            try:
-                responses.append(self._speak(request))
-            except Exception as error:  # this request fails; the model keeps serving
-                pb_utils.Logger.log_warn(f"avatar_speech: {type(error).__name__}: {error}")
-                responses.append(bls.error_response(error))
-        assert len(responses) == len(requests)
-        return responses
+        return bls.answer_each("avatar_speech", requests, self._speak)
 
     def _speak(self, request):
         value = bls.input_array(request, "text").reshape(-1)

@@ -174,3 +174,43 @@ def test_cached_conversations_hold_the_kv_of_their_own_tokens(artifact, decoder)
         for cached, recomputed in zip(past, fresh, strict=True):
             assert cached.shape == recomputed.shape
             np.testing.assert_allclose(cached, recomputed, atol=2e-3)
+
+
+def submit(eng: ChatEngine, content: str, session: str, request_id: str, emit, *, tokens=200):
+    sampling = json.dumps({"temperature": 0, "max_tokens": tokens})
+    return eng.submit(eng.parse(turn(content), session, sampling), emit, request_id=request_id)
+
+
+def test_stop_by_request_id_ends_the_generation_and_keeps_what_was_spoken(artifact, decoder):
+    eng = engine(artifact, decoder)
+    seen: list[Event] = []
+
+    def emit(event: Event) -> None:
+        seen.append(event)
+        if len(seen) == 3:  # barge-in: the listener heard only the first words
+            assert eng.stop("turn-1", "Once upon a time.") == "stopped"
+
+    submit(eng, "Write a long story about a dragon.", "s", "turn-1", emit)
+    eng.scheduler.run_until_idle()
+    assert seen[-1].finish_reason == "cancelled"
+    assert seen[-1].stats["completion_tokens"] <= 5  # ended within one decode step
+    assert [(m.role, m.content) for m in eng.sessions.history("s")[1:]] == [
+        ("user", "Write a long story about a dragon."),
+        ("assistant", "Once upon a time."),
+    ]
+    assert eng.running() == 0
+
+
+def test_stop_after_the_end_corrects_memory_unless_a_newer_turn_exists(artifact, decoder):
+    eng = engine(artifact, decoder)
+    submit(eng, "Hello!", "a", "t1", lambda e: None, tokens=24)
+    eng.scheduler.run_until_idle()
+    assert eng.sessions.history("a")[-1].role == "assistant"  # the whole reply
+    assert eng.stop("t1", "") == "ended"  # nothing was heard after all
+    assert [m.role for m in eng.sessions.history("a")] == ["system", "user"]
+    submit(eng, "What is your name?", "a", "t2", lambda e: None, tokens=24)
+    eng.scheduler.run_until_idle()
+    newer = eng.sessions.history("a")
+    assert eng.stop("t1", "stale words") == "ended"
+    assert eng.sessions.history("a") == newer  # a stale stop leaves the newer turn alone
+    assert eng.stop("never-sent") == "unknown"

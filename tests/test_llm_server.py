@@ -21,23 +21,39 @@ def grpc_url(triton_server) -> str:
     return triton_server.grpc_url
 
 
-def _inputs(messages, session: str = "", sampling: dict | None = None):
+def _inputs(messages, session: str = "", sampling: dict | None = None, **extra):
     import tritonclient.grpc as grpcclient
 
-    values = {"messages": messages if isinstance(messages, str) else json.dumps(messages)}
+    values = dict(extra)
+    if messages is not None:
+        values["messages"] = messages if isinstance(messages, str) else json.dumps(messages)
     if session:
         values["session_id"] = session
     if sampling is not None:
         values["sampling"] = json.dumps(sampling)
     tensors = []
     for name, value in values.items():
-        tensor = grpcclient.InferInput(name, [1], "BYTES")
-        tensor.set_data_from_numpy(np.array([value.encode()], dtype=object))
+        if isinstance(value, bool):
+            tensor = grpcclient.InferInput(name, [1], "BOOL")
+            tensor.set_data_from_numpy(np.array([value]))
+        else:
+            tensor = grpcclient.InferInput(name, [1], "BYTES")
+            tensor.set_data_from_numpy(np.array([value.encode()], dtype=object))
         tensors.append(tensor)
     return tensors
 
 
-def chat(url: str, messages, session: str = "", sampling: dict | None = None, cancel_after=0):
+def chat(
+    url: str,
+    messages,
+    session: str = "",
+    sampling: dict | None = None,
+    cancel_after=0,
+    *,
+    request_id: str = "",
+    on_response=lambda response: None,
+    **extra,
+):
     """One streamed turn: (list of response dicts, error message or None)."""
     import tritonclient.grpc as grpcclient
 
@@ -47,7 +63,10 @@ def chat(url: str, messages, session: str = "", sampling: dict | None = None, ca
     responses, error = [], None
     try:
         client.async_stream_infer(
-            "llm", _inputs(messages, session, sampling), enable_empty_final_response=True
+            "llm",
+            _inputs(messages, session, sampling, **extra),
+            request_id=request_id,
+            enable_empty_final_response=True,
         )
         while True:
             result, error = results.get(timeout=120)
@@ -58,6 +77,7 @@ def chat(url: str, messages, session: str = "", sampling: dict | None = None, ca
                 responses.append(
                     {o.name: result.as_numpy(o.name)[0].decode() for o in response.outputs}
                 )
+                on_response(responses[-1])
             if cancel_after and len(responses) >= cancel_after:
                 client.stop_stream(cancel_requests=True)
                 return responses, None
@@ -66,6 +86,14 @@ def chat(url: str, messages, session: str = "", sampling: dict | None = None, ca
     finally:
         client.stop_stream()
         client.close()
+
+
+def stop(url: str, request_id: str, spoken: str | None = None) -> str:
+    """A stop request for the generation sent as `request_id`; its outcome."""
+    extra = {"stop": True} if spoken is None else {"stop": True, "spoken": spoken}
+    responses, error = chat(url, None, request_id=request_id, **extra)
+    assert error is None, error
+    return json.loads(responses[-1]["stats"])["stop"]
 
 
 def test_multi_turn_chat_streams_tokens_and_sentences(grpc_url):
@@ -111,6 +139,32 @@ def test_cancelled_stream_leaves_model_serving(grpc_url):
     assert error is None and after[-1]["finish_reason"] in ("stop", "length")
 
 
+def test_stop_request_ends_the_generation_and_the_session_keeps_what_was_spoken(grpc_url):
+    """Barge-in through the llm's `stop` input (how the avatar model stops a generation)."""
+    story = [{"role": "user", "content": "Write a long story about a dragon."}]
+    outcome: dict[str, str] = {}
+
+    def barge_in(response: dict) -> None:
+        if response["text"] and "stop" not in outcome:
+            outcome["stop"] = stop(grpc_url, "story-1", "Once upon a time.")
+
+    long = {"temperature": 0, "max_tokens": 300}
+    responses, error = chat(
+        grpc_url, story, "stopper", long, request_id="story-1", on_response=barge_in
+    )
+    assert error is None and outcome["stop"] == "stopped"
+    assert responses[-1]["finish_reason"] == "cancelled"
+    assert json.loads(responses[-1]["stats"])["completion_tokens"] < 20  # not 300
+    # the session holds [user, "Once upon a time."]: the same prompt as sending it whole
+    follow = [{"role": "user", "content": "What happened next?"}]
+    with_session, _ = chat(grpc_url, follow, "stopper", GREEDY)
+    spoken = [*story, {"role": "assistant", "content": "Once upon a time."}, *follow]
+    explicit, _ = chat(grpc_url, spoken, "", GREEDY)
+    tokens = [json.loads(r[-1]["stats"])["prompt_tokens"] for r in (with_session, explicit)]
+    assert tokens[0] == tokens[1], tokens
+    assert stop(grpc_url, "never-sent") == "unknown"
+
+
 @pytest.mark.parametrize(
     ("messages", "sampling", "words"),
     [
@@ -120,6 +174,7 @@ def test_cancelled_stream_leaves_model_serving(grpc_url):
         ([{"role": "user", "content": "hi"}], {"temperature": -1}, "temperature"),
         ([{"role": "user", "content": "hi"}], {"top_p": 2}, "top_p"),
         ("not json", None, "not valid JSON"),
+        (None, None, "missing input 'messages'"),
     ],
 )
 def test_bad_requests_get_clear_errors(grpc_url, messages, sampling, words):

@@ -143,6 +143,52 @@ def test_cancellation_stops_llm_and_tts():
     assert fake.llm_steps < 5 and sum(k == "tts" for k, _, _ in fake.log) <= 2
 
 
+def test_cancelled_turn_tells_the_llm_what_was_spoken():
+    fake = FakeStages(reply=[f"Sentence {i}." for i in range(20)], llm_delay=0.05)
+    cuts: list[tuple[str, str]] = []
+    stages = dataclasses.replace(
+        fake.stages(), cut=lambda r, spoken: cuts.append((r.turn_id, spoken))
+    )
+    sentences: list[SentenceEvent] = []
+
+    def emit(event):
+        if isinstance(event, SentenceEvent):
+            sentences.append(event)
+
+    request = parse_turn(None, "tell me a story", "s", "")
+    final = run_turn(request, stages, emit, lambda: "client" if len(sentences) >= 2 else "")
+    assert final.cancelled == "client"
+    assert cuts == [(request.turn_id, "Sentence 0. Sentence 1.")]  # once, with what was said
+    assert final.reply == "Sentence 0. Sentence 1."
+    complete = run_turn(parse_turn(None, "hi", "s", ""), stages, lambda e: None, lambda: "")
+    assert complete.cancelled == "" and len(cuts) == 1  # a finished turn needs no cut
+
+
+def test_superseding_turn_waits_for_the_old_one_before_its_llm():
+    turns = SessionTurns()
+    old = turns.begin("alice")
+    new = turns.begin("alice")
+    fake = FakeStages()
+    order: list[str] = []
+
+    def finish_old() -> None:
+        time.sleep(0.2)
+        order.append("old ended")
+        turns.end(old)
+
+    threading.Thread(target=finish_old).start()
+    request = parse_turn(None, "hello", "alice", "")
+
+    def settled() -> None:
+        assert new.wait_previous(5.0)
+        order.append("settled")
+
+    run_turn(request, fake.stages(), lambda e: None, lambda: "", settled=settled)
+    assert order == ["old ended", "settled"]
+    assert fake.log[0][0] == "llm"
+    assert turns.begin("carol").wait_previous(0.0)  # nothing to wait for
+
+
 def test_new_turn_supersedes_old_one_of_same_session():
     turns = SessionTurns()
     old = turns.begin("alice")

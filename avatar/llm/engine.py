@@ -1,11 +1,20 @@
 """The chat engine: a request (messages JSON, session id, sampling JSON) -> a generation on
-the scheduler, with the persona, session memory and context bound applied."""
+the scheduler, with the persona, session memory and context bound applied.
+
+A generation submitted with a request id can be stopped by id (`stop`), the way the
+TensorRT-LLM backend's `stop` input works: Triton 2.51's python backend cannot cancel a
+BLS stream, so a caller that was interrupted (barge-in) says so with a second request. The
+stop may also say what of the reply was actually spoken; the session then remembers that,
+not the whole generated text (also after the generation already ended).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import queue
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -23,6 +32,9 @@ DEFAULT_PERSONA = (
     "You are Mia, a warm and cheerful receptionist avatar. "
     "Answer in one to three short spoken sentences."
 )
+
+
+MAX_SESSION_ID_CHARS = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +65,12 @@ class ChatEngine:
         self.config = config or EngineConfig()
         self.tokenizer = tokenizer
         self.sessions = SessionStore(self.config.sessions)
+        self._lock = threading.Lock()
+        # request id -> its generations while generating (clients may reuse ids: a stop
+        # ends all of them); the most recent finished ones stay in `_recent`, so that a
+        # late stop can still correct the session's memory
+        self._running: dict[str, list[tuple[ChatRequest, Generation]]] = {}
+        self._recent: OrderedDict[str, ChatRequest] = OrderedDict()
         self.cache = PrefixCache(self.config.prefix_cache_entries)
         self.scheduler = Scheduler(
             decoder,
@@ -66,6 +84,11 @@ class ChatEngine:
         self, messages_json: str, session_id: str = "", sampling_json: str = ""
     ) -> ChatRequest:
         """Decode and validate a request; raise RequestError saying what is wrong."""
+        if len(session_id) > MAX_SESSION_ID_CHARS or not session_id.isprintable():
+            raise RequestError(
+                f"session_id {session_id[:20]!r}... is not a session id: expected at most "
+                f"{MAX_SESSION_ID_CHARS} printable characters"
+            )
         try:
             data = json.loads(messages_json)
         except (json.JSONDecodeError, TypeError) as error:
@@ -103,8 +126,10 @@ class ChatEngine:
         request: ChatRequest,
         emit: Callable[[Event], None],
         is_cancelled: Callable[[], bool] = lambda: False,
+        request_id: str = "",
     ) -> Generation:
-        """Start generating; `emit` gets the events. The reply joins the session at the end."""
+        """Start generating; `emit` gets the events. The reply joins the session at the end
+        (unless a stop request said what was spoken). `request_id` makes it stoppable."""
         template = self.tokenizer.template
         prefix, rest = template.split_system(request.messages)
         prefix_ids = self.tokenizer.encode(prefix) if prefix else []
@@ -113,9 +138,15 @@ class ChatEngine:
 
         def on_event(event: Event) -> None:
             reply.extend(c.text for c in event.chunks)
-            if event.finish_reason in ("stop", "length") and request.session_id:
-                answer = Message("assistant", "".join(reply).strip())
-                self.sessions.save(request.session_id, [*request.messages, answer])
+            if event.finish_reason is not None:
+                with self._lock:
+                    if event.finish_reason in ("stop", "length") and not generation.stopped:
+                        self._remember(request, "".join(reply))
+                    if request_id:
+                        self._forget_running(request_id, generation)
+                        self._recent[request_id] = request
+                        while len(self._recent) > self.config.sessions:
+                            self._recent.popitem(last=False)
             emit(event)
 
         generation = Generation(
@@ -126,8 +157,63 @@ class ChatEngine:
             is_cancelled=is_cancelled,
             cache_prefix=len(prefix_ids),
         )
+        if request_id:
+            with self._lock:
+                self._running.setdefault(request_id, []).append((request, generation))
         self.scheduler.submit(generation)
         return generation
+
+    def stop(self, request_id: str, spoken: str | None = None) -> str:
+        """End the generation submitted as `request_id` (it finishes "cancelled" within one
+        decode step). With `spoken`, the session keeps that as the assistant's answer
+        instead of the generated text; "" keeps only the user's turn.
+
+        Returns "stopped" (it was generating), "ended" (it had finished; only the memory
+        changed) or "unknown" (no such id among the running and recent generations).
+        """
+        if not request_id:
+            raise RequestError("stop needs the request id of the generation to stop")
+        with self._lock:
+            running = self._running.get(request_id)
+            if running:
+                for _, generation in running:
+                    generation.stopped = True
+                request, outcome = running[-1][0], "stopped"
+            elif request_id in self._recent:
+                request, outcome = self._recent[request_id], "ended"
+            else:
+                return "unknown"
+            if spoken is not None and self._is_latest_turn(request, outcome == "stopped"):
+                self._remember(request, spoken)
+        return outcome
+
+    def _forget_running(self, request_id: str, generation: Generation) -> None:
+        kept = [r for r in self._running.get(request_id, []) if r[1] is not generation]
+        if kept:
+            self._running[request_id] = kept
+        else:
+            self._running.pop(request_id, None)
+
+    def running(self) -> int:
+        """Generations in flight that were submitted with a request id."""
+        with self._lock:
+            return sum(len(v) for v in self._running.values())
+
+    def _remember(self, request: ChatRequest, answer: str) -> None:
+        """Save the session as this request's messages + the answer (caller holds _lock)."""
+        if not request.session_id:
+            return
+        answer = answer.strip()
+        reply = [Message("assistant", answer)] if answer else []
+        self.sessions.save(request.session_id, [*request.messages, *reply])
+
+    def _is_latest_turn(self, request: ChatRequest, running: bool) -> bool:
+        """True unless a newer turn of the session was saved since (so its memory stays)."""
+        if running or not request.session_id:
+            return True
+        history = self.sessions.history(request.session_id)
+        n = len(request.messages)
+        return history[:n] == request.messages and len(history) <= n + 1
 
     def chat(
         self, messages_json: str, session_id: str = "", sampling_json: str = ""

@@ -52,6 +52,7 @@ class Generation:
     submitted: float = dataclasses.field(default_factory=time.monotonic)
     first_token: float | None = None
     done: bool = False
+    stopped: bool = False  # set by a stop request (another thread); ends it as "cancelled"
 
     @property
     def length(self) -> int:
@@ -105,7 +106,7 @@ class Scheduler:
             self._guard(generation, self._prefill)
         self._active = [g for g in self._active + admitted if not g.done]
         for generation in self._active:
-            if generation.is_cancelled():
+            if generation.stopped or generation.is_cancelled():
                 self._finish(generation, "cancelled")
         self._active = [g for g in self._active if not g.done]
         if self._active:
@@ -154,7 +155,7 @@ class Scheduler:
 
     def _prefill(self, g: Generation) -> None:
         """Run the prompt (minus its cached prefix) and sample the first token."""
-        if g.is_cancelled():
+        if g.stopped or g.is_cancelled():
             self._finish(g, "cancelled")
             return
         n, past = self.cache.lookup(g.prompt)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import uuid
 from typing import Any
 
 import numpy as np
@@ -15,6 +16,8 @@ from avatar.errors import RequestError
 AUDIO_RATE = 16000
 MAX_TEXT_CHARS = 2000
 MAX_TOKENS_RANGE = (1, 512)
+MAX_PERSONA_CHARS = 4000
+MAX_SESSION_ID_CHARS = 128
 
 
 AUTO_EMOTION = "auto"
@@ -84,6 +87,12 @@ class Controls:
             raise RequestError(
                 f"max_tokens={self.max_tokens} is out of range; expected {low}..{high}"
             )
+        if not 0 <= self.seed < 2**63:
+            raise RequestError(f"seed={self.seed} is out of range; expected 0..2**63-1")
+        if len(self.persona) > MAX_PERSONA_CHARS:
+            raise RequestError(
+                f"persona has {len(self.persona)} characters; at most {MAX_PERSONA_CHARS}"
+            )
 
 
 def _as_bool(name: str, value: Any) -> bool:
@@ -94,12 +103,14 @@ def _as_bool(name: str, value: Any) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class TurnRequest:
-    """Exactly one of `audio` (16 kHz mono float32) and `text`."""
+    """Exactly one of `audio` (16 kHz mono float32) and `text`. `turn_id` names the turn's
+    work in other models (the LLM generation it stops on barge-in)."""
 
     audio: np.ndarray | None
     text: str
     session_id: str
     controls: Controls
+    turn_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
 
 
 def parse_turn(
@@ -128,4 +139,10 @@ def parse_turn(
             raise RequestError("text is empty; expected the user's words")
         if len(text) > MAX_TEXT_CHARS:
             raise RequestError(f"text has {len(text)} characters; at most {MAX_TEXT_CHARS}")
-    return TurnRequest(audio, text or "", session_id.strip(), Controls.from_json(controls))
+    session_id = session_id.strip()
+    if len(session_id) > MAX_SESSION_ID_CHARS or not session_id.isprintable():
+        raise RequestError(
+            f"session_id {session_id[:20]!r}... is not a session id: expected at most "
+            f"{MAX_SESSION_ID_CHARS} printable characters"
+        )
+    return TurnRequest(audio, text or "", session_id, Controls.from_json(controls))

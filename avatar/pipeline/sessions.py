@@ -7,11 +7,13 @@ import threading
 
 
 class TurnToken:
-    """The cancellation flag of one turn, set when a newer turn of its session starts."""
+    """The cancellation flag of one turn, set when a newer turn of its session starts, and
+    the turn it superseded (whose end the new turn may wait for)."""
 
-    def __init__(self, session_id: str, number: int):
-        self.session_id, self.number = session_id, number
+    def __init__(self, session_id: str, number: int, previous: TurnToken | None = None):
+        self.session_id, self.number, self.previous = session_id, number, previous
         self._superseded = threading.Event()
+        self._ended = threading.Event()
 
     def supersede(self) -> None:
         self._superseded.set()
@@ -19,6 +21,11 @@ class TurnToken:
     @property
     def superseded(self) -> bool:
         return self._superseded.is_set()
+
+    def wait_previous(self, timeout: float) -> bool:
+        """Block until the superseded turn has ended (its memory settled); False on timeout."""
+        previous, self.previous = self.previous, None  # no chain of finished turns is kept
+        return previous is None or previous._ended.wait(timeout)
 
 
 class SessionTurns:
@@ -30,17 +37,18 @@ class SessionTurns:
         self._numbers = itertools.count(1)
 
     def begin(self, session_id: str) -> TurnToken:
-        token = TurnToken(session_id, next(self._numbers))
         if not session_id:
-            return token
+            return TurnToken(session_id, next(self._numbers))
         with self._lock:
             old = self._active.get(session_id)
+            token = TurnToken(session_id, next(self._numbers), old)
             self._active[session_id] = token
         if old is not None:
             old.supersede()
         return token
 
     def end(self, token: TurnToken) -> None:
+        token._ended.set()
         with self._lock:
             if self._active.get(token.session_id) is token:
                 del self._active[token.session_id]

@@ -44,6 +44,9 @@ class Stages:
 
     chat(user_text, request, stop) yields reply sentences and may return a stats dict
     (the generator's return value); it must poll `stop()` and end early when it is True.
+    cut(request, spoken) is called once when a turn is cancelled after its reply began: it
+    stops the LLM's generation for `request.turn_id` and tells it what was spoken, so the
+    session remembers only that.
     """
 
     transcribe: Callable[[np.ndarray], str]
@@ -52,6 +55,7 @@ class Stages:
     render: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None
     # reply sentence -> (emotion label, confidence 0..1), for the "auto" emotion control
     feel: Callable[[str], tuple[str, float]] | None = None
+    cut: Callable[[TurnRequest, str], None] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,9 +144,13 @@ def run_turn(
     emit: Callable[[TurnEvent], None],
     cancelled: Callable[[], str],
     config: PipelineConfig = PipelineConfig(),
+    *,
+    settled: Callable[[], None] = lambda: None,
 ) -> FinalEvent:
     """Run one turn, calling `emit` for each event as soon as it exists; returns the final
-    event (also emitted). `cancelled()` returns "" or why the turn must stop."""
+    event (also emitted). `cancelled()` returns "" or why the turn must stop. `settled()`
+    blocks until the session's previous turn has ended (so the memory this turn's LLM reads
+    holds only what that turn spoke); it is called after ASR, before the LLM starts."""
     clock = _Clock()
     timings = _Timings(clock)
     errors: list[str] = []
@@ -160,7 +168,8 @@ def run_turn(
 
     stop_llm = threading.Event()
     producer = None
-    if transcript:
+    if transcript and not cancelled():
+        settled()
         producer = _LlmProducer(
             stages, transcript, request, lambda: stop_llm.is_set() or bool(cancelled()), timings
         )
@@ -182,6 +191,8 @@ def run_turn(
             index += 1
     reason = reason or cancelled()
     stop_llm.set()
+    if reason and producer is not None and stages.cut is not None:
+        _cut(stages, request, " ".join(said), errors)
     if producer is not None:
         producer.join(timeout=1.0)  # a drained stream may run on
         if producer.stats:
@@ -193,6 +204,14 @@ def run_turn(
     return final
 
 
+def _cut(stages: Stages, request: TurnRequest, spoken: str, errors: list[str]) -> None:
+    try:
+        stages.cut(request, spoken)
+    except Exception as error:  # the turn still ends; the LLM runs on to max_tokens
+        errors.append(f"llm: could not stop the generation: {error}")
+        log.warning("could not stop the LLM of turn %s: %s", request.turn_id, error)
+
+
 def _firsts(event: SentenceEvent) -> list[str]:
     return ["first_audio"] * bool(event.audio.size) + ["first_frame"] * bool(len(event.blendshapes))
 
@@ -200,7 +219,8 @@ def _firsts(event: SentenceEvent) -> list[str]:
 def _sentences(producer, config: PipelineConfig, errors: list[str], cancelled) -> Iterator[str]:
     """Sentences from the LLM thread; the fallback reply when it times out or fails first."""
     if producer is None:
-        errors.append("asr: nothing was heard; no reply")
+        if not cancelled():
+            errors.append("asr: nothing was heard; no reply")
         return
     got, last = 0, time.perf_counter()
     while not cancelled():

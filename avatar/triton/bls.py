@@ -18,9 +18,12 @@ def _request(
     inputs: Mapping[str, np.ndarray],
     outputs: Sequence[str],
     timeout_us: int,
+    request_id: str = "",
 ) -> pb_utils.InferenceRequest:
     tensors = [pb_utils.Tensor(name, np.ascontiguousarray(value)) for name, value in inputs.items()]
-    kwargs = {"timeout": timeout_us} if timeout_us else {}
+    kwargs: dict = {"timeout": timeout_us} if timeout_us else {}
+    if request_id:
+        kwargs["request_id"] = request_id
     return pb_utils.InferenceRequest(
         model_name=model, inputs=tensors, requested_output_names=list(outputs), **kwargs
     )
@@ -43,9 +46,11 @@ def infer(
     inputs: Mapping[str, np.ndarray],
     outputs: Sequence[str],
     timeout_us: int = 0,
+    *,
+    request_id: str = "",
 ) -> dict[str, np.ndarray]:
     """One synchronous BLS call. Raises StageError with the callee's message on failure."""
-    response = _request(model, inputs, outputs, timeout_us).exec()
+    response = _request(model, inputs, outputs, timeout_us, request_id).exec()
     return _outputs(model, response, outputs)
 
 
@@ -54,9 +59,20 @@ def stream(
     inputs: Mapping[str, np.ndarray],
     outputs: Sequence[str],
     timeout_us: int = 0,
+    *,
+    request_id: str = "",
+    stop: Callable[[], bool] = lambda: False,
 ) -> Iterator[dict[str, np.ndarray]]:
-    """A decoupled BLS call: yields each non-empty response's outputs until the final flag."""
-    for response in _request(model, inputs, outputs, timeout_us).exec(decoupled=True):
+    """A decoupled BLS call: yields each non-empty response's outputs until the final flag.
+
+    Once `stop()` is True the rest is drained unseen: Triton 2.51's python backend cannot
+    cancel a BLS stream, so the callee must be told to end (e.g. the llm's `stop` input).
+    """
+    stopped = False
+    for response in _request(model, inputs, outputs, timeout_us, request_id).exec(decoupled=True):
+        stopped = stopped or stop()
+        if stopped:
+            continue
         if response.has_error():
             raise StageError(model, response.error().message())
         if not response.output_tensors():  # the empty final response of a stream
@@ -101,3 +117,24 @@ def input_array(request: pb_utils.InferenceRequest, name: str, optional: bool = 
             return None
         raise RequestError(f"missing input {name!r}")
     return tensor.as_numpy()
+
+
+def input_text(request: pb_utils.InferenceRequest, name: str, optional: bool = False):
+    """The named BYTES input [1] as str (RequestError when it is not one valid UTF-8
+    string), or None when optional and absent."""
+    array = input_array(request, name, optional)
+    if array is None:
+        return None
+    values = array.reshape(-1)
+    if values.size != 1:
+        raise RequestError(f"input {name!r} has {values.size} strings: expected one")
+    value = values[0]
+    if not isinstance(value, bytes):
+        return str(value)
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise RequestError(
+            f"input {name!r} is not valid UTF-8 (byte {value[error.start]:#04x} at offset "
+            f"{error.start}): expected UTF-8 text"
+        ) from None

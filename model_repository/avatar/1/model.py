@@ -16,7 +16,6 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from avatar.animation.emotion_classifier import EmotionClassifier
-from avatar.errors import StageError
 from avatar.pipeline import (
     FinalEvent,
     PipelineConfig,
@@ -47,35 +46,6 @@ def _str(array: np.ndarray) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
-def _stream(model: str, inputs: dict, outputs: list[str], stop: Callable[[], bool]) -> Iterator:
-    """A decoupled BLS call that stops yielding once `stop()` is True. The python backend
-    of Triton 2.51 cannot cancel a BLS stream, so the rest is drained (and dropped) here:
-    the callee runs to its own end (max_tokens), then its stream is closed cleanly."""
-    request = pb_utils.InferenceRequest(
-        model_name=model,
-        inputs=[pb_utils.Tensor(k, np.ascontiguousarray(v)) for k, v in inputs.items()],
-        requested_output_names=outputs,
-    )
-    responses = request.exec(decoupled=True)
-    stopped = False
-    for response in responses:
-        if stopped:
-            continue
-        if response.has_error():
-            raise StageError(model, response.error().message())
-        if stop():
-            stopped = True
-            cancel = getattr(responses, "cancel", None)
-            if cancel is not None:
-                cancel()
-            pb_utils.Logger.log_info(
-                f"avatar: {model} stream stopped ({'cancelled' if cancel else 'drained'})"
-            )
-            continue
-        if response.output_tensors():
-            yield {n: pb_utils.get_output_tensor_by_name(response, n).as_numpy() for n in outputs}
-
-
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         params = ModelParameters(json.loads(args["model_config"]))
@@ -90,6 +60,8 @@ class TritonPythonModel:
         self.temperature = params.float("temperature", 0.7)
         self.tts_timeout_us = int(params.float("tts_timeout_s", 30.0) * 1e6)
         self.max_audio_s = params.float("max_audio_seconds", 60.0)
+        # a superseding turn waits this long for the old one to end (memory settled)
+        self.settle_timeout_s = params.float("settle_timeout_s", 2.0)
         self.config = PipelineConfig(
             llm_timeout_s=params.float("llm_timeout_s", PipelineConfig.llm_timeout_s),
             fallback_reply=params.str("fallback_reply", PipelineConfig.fallback_reply),
@@ -104,6 +76,7 @@ class TritonPythonModel:
             self._speak,
             self._render if self.renderer else None,
             feel=self._feel,
+            cut=self._cut,
         )
         video = f"video via {renderer}" if self.renderer else f"no video ({renderer} not served)"
         pb_utils.Logger.log_info(
@@ -135,7 +108,10 @@ class TritonPythonModel:
         if request.session_id:
             inputs["session_id"] = _bytes(request.session_id)
         pending, stats = "", {}
-        for out in _stream(self.llm_model, inputs, LLM_OUTPUTS, stop):
+        replies = bls.stream(
+            self.llm_model, inputs, LLM_OUTPUTS, request_id=request.turn_id, stop=stop
+        )
+        for out in replies:
             pending += _str(out["text"])
             sentence = _str(out["sentence"]).strip()
             if sentence:
@@ -146,6 +122,15 @@ class TritonPythonModel:
         if pending.strip() and not stop():
             yield pending.strip()
         return stats
+
+    def _cut(self, request: TurnRequest, spoken: str) -> None:
+        """Barge-in: end the turn's LLM generation and keep only what was spoken."""
+        inputs = {"stop": np.array([True]), "spoken": _bytes(spoken)}
+        if request.session_id:
+            inputs["session_id"] = _bytes(request.session_id)
+        for out in bls.stream(self.llm_model, inputs, ["stats"], request_id=request.turn_id):
+            outcome = json.loads(_str(out["stats"]) or "{}").get("stop", "")
+            pb_utils.Logger.log_info(f"avatar: llm generation {request.turn_id}: {outcome}")
 
     def _speak(self, text: str, request: TurnRequest) -> Iterator[Speech]:
         inputs = {"text": _bytes(text), "seed": np.array([request.controls.seed], np.int64)}
@@ -222,7 +207,14 @@ class TritonPythonModel:
                 pb_utils.Logger.log_warn(f"avatar: could not send a response: {error}")
 
         try:
-            final = run_turn(turn, self.stages, emit, cancelled, self.config)
+            final = run_turn(
+                turn,
+                self.stages,
+                emit,
+                cancelled,
+                self.config,
+                settled=lambda: token.wait_previous(self.settle_timeout_s),
+            )
             if final.cancelled:
                 pb_utils.Logger.log_info(f"avatar: turn {token.number} {final.cancelled}")
         except Exception as error:  # the turn fails as a whole (e.g. ASR); stream closed
@@ -290,5 +282,4 @@ def _max_batch(config: Path) -> int:
 
 
 def _optional_text(request, name: str) -> str | None:
-    array = bls.input_array(request, name, optional=True)
-    return None if array is None else _str(array)
+    return bls.input_text(request, name, optional=True)  # RequestError on invalid UTF-8

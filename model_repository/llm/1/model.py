@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from avatar.errors import RequestError
 from avatar.llm.decoder import Decoder, KvLayout, Past
 from avatar.llm.engine import ChatEngine, EngineConfig
 from avatar.llm.sampling import SamplingParams
@@ -83,12 +84,19 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
+                if _flag(request, "stop"):
+                    outcome = self.engine.stop(request.request_id(), _spoken(request))
+                    stats = json.dumps({"stop": outcome})
+                    sender.send(_response("", "", "", stats), flags=FINAL)
+                    continue
                 turn = self.engine.parse(
                     _text(request, "messages"),
                     _text(request, "session_id", optional=True),
                     _text(request, "sampling", optional=True),
                 )
-                self.engine.submit(turn, _Stream(sender).emit, request.is_cancelled)
+                self.engine.submit(
+                    turn, _Stream(sender).emit, request.is_cancelled, request.request_id()
+                )
             except Exception as error:  # this request fails; the model keeps serving
                 pb_utils.Logger.log_warn(f"llm: {type(error).__name__}: {error}")
                 sender.send(bls.error_response(error), flags=FINAL)
@@ -123,11 +131,30 @@ class _Stream:
 
 
 def _text(request, name: str, optional: bool = False) -> str:
-    array = bls.input_array(request, name, optional=optional)
+    array = bls.input_array(request, name, optional=True)
     if array is None:
+        if not optional:
+            raise RequestError(f"missing input {name!r} (required unless stop is true)")
         return ""
     value = array.reshape(-1)[0]
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+    if not isinstance(value, bytes):
+        return str(value)
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise RequestError(f"input {name!r} is not valid UTF-8: {error}") from None
+
+
+def _flag(request, name: str) -> bool:
+    array = bls.input_array(request, name, optional=True)
+    return bool(array.reshape(-1)[0]) if array is not None and array.size else False
+
+
+def _spoken(request) -> str | None:
+    """The `spoken` input, or None when absent (the memory is left as generated)."""
+    if bls.input_array(request, "spoken", optional=True) is None:
+        return None
+    return _text(request, "spoken")
 
 
 def _response(text: str, sentence: str, finish: str, stats: str):

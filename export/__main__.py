@@ -1,4 +1,6 @@
-"""`python -m export build [MODEL ...]`: build every model's verified artifacts (cached)."""
+"""`python -m export build [MODEL ...]`: build every model's verified artifacts (cached).
+`python -m export engines [MODEL ...]`: TensorRT engines of the tensorrt_plan models,
+verified against ONNX Runtime, and the production repository (needs TensorRT + a GPU)."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import argparse
 import logging
 import sys
 import time
+from pathlib import Path
 
 from export.common import cache_root
 from export.registry import RECIPES, ensure_all
@@ -18,6 +21,24 @@ def main(argv: list[str] | None = None) -> int:
     build.add_argument("models", nargs="*", help=f"default: all of {sorted(RECIPES)}")
     build.add_argument("--force", action="store_true", help="rebuild even if cached")
     sub.add_parser("list", help="list the known recipes")
+    engines = sub.add_parser(
+        "engines", help="TensorRT engines (verified) + production repository; needs TensorRT"
+    )
+    engines.add_argument("models", nargs="*", help="default: every tensorrt_plan model")
+    engines.add_argument(
+        "--precision",
+        choices=("auto", "fp32", "fp16", "int8"),
+        default="auto",
+        help="auto: FP16 (or the stage's default), INT8 only where a Q/DQ variant passed its gate",
+    )
+    engines.add_argument("--force", action="store_true", help="rebuild even if verified")
+    engines.add_argument(
+        "--out",
+        type=Path,
+        default=Path("build/repository-production"),
+        help="production repository to write (default build/repository-production)",
+    )
+    engines.add_argument("--no-repository", action="store_true", help="engines only")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("export")
@@ -26,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, target in sorted(RECIPES.items()):
             sys.stdout.write(f"{name}\t{target}\n")
         return 0
+    if args.command == "engines":
+        return _engines(args, log)
     unknown = sorted(set(args.models) - set(RECIPES))
     if unknown:
         parser.error(f"unknown models {unknown}; known: {sorted(RECIPES)}")
@@ -39,6 +62,33 @@ def main(argv: list[str] | None = None) -> int:
         cache_root(),
         time.monotonic() - started,
     )
+    return 0
+
+
+def _engines(args: argparse.Namespace, log: logging.Logger) -> int:
+    from avatar.deployment import SOURCE_REPOSITORY
+    from export.engine import TensorRTMissingError
+    from export.engines import EngineVerificationError, build_all
+
+    try:
+        records = build_all(
+            SOURCE_REPOSITORY,
+            None if args.no_repository else args.out,
+            args.models or None,
+            requested=args.precision,
+            force=args.force,
+        )
+    except TensorRTMissingError as error:
+        log.error("%s", error)
+        return 2
+    except EngineVerificationError as error:
+        log.error("%s", error)
+        return 1
+    for name, record in records.items():
+        worst = {o["name"]: f"{o['max_abs']:.3g}" for o in record.get("outputs", [])}
+        sys.stdout.write(f"{name}\t{record['precision']}\tmax abs error {worst}\n")
+    if not args.no_repository:
+        log.info("production repository written to %s", args.out)
     return 0
 
 

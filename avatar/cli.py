@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import tempfile
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from avatar.deployment import PROJECT_ROOT, build_repository
 from avatar.repository import TARGETS
-from avatar.server import EmbeddedServer, ServerOptions
+from avatar.server import DEFAULT_KEY_HEADER, PROTOCOLS, EmbeddedServer, ServerOptions
 
 log = logging.getLogger("avatar")
 DEFAULT_BUILD = PROJECT_ROOT / "build"
@@ -30,7 +31,15 @@ def _serve(args: argparse.Namespace) -> int:
     repo = args.out or DEFAULT_BUILD / "repository-embedded"
     build_repository(repo, "embedded", args.models or None)
     options = ServerOptions(
-        repo, http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port
+        repo,
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        metrics_port=args.metrics_port,
+        api_key=args.api_key or os.environ.get("AVATAR_API_KEY", ""),
+        key_header=args.key_header,
+        restricted=tuple(args.restrict.split(",")),
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
     )
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -90,6 +99,20 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--metrics-port", type=int, default=8002)
     serve.add_argument("--models", nargs="*", help="default: every model in model_repository/")
     serve.add_argument("--out", type=Path, help="where to materialise (default build/)")
+    serve.add_argument(
+        "--api-key",
+        default="",
+        help="require this key (header --key-header) on the --restrict protocols; "
+        "default: $AVATAR_API_KEY, none when unset",
+    )
+    serve.add_argument("--key-header", default=DEFAULT_KEY_HEADER)
+    serve.add_argument(
+        "--restrict",
+        default="inference,model-repository",
+        help=f"comma-separated protocol groups that need the key, of {','.join(PROTOCOLS)}",
+    )
+    serve.add_argument("--tls-cert", type=Path, help="PEM server certificate: gRPC over TLS")
+    serve.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
     serve.set_defaults(run=_serve)
 
     demo = sub.add_parser("demo", help="start the embedded server and drive it from a client")

@@ -102,9 +102,25 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+# Triton's restricted-protocol groups (the same names for gRPC protocols and HTTP APIs)
+PROTOCOLS = (
+    "health", "metadata", "inference", "shared-memory", "model-config", "model-repository",
+    "statistics", "trace", "logging",
+)  # fmt: skip
+DEFAULT_KEY_HEADER = "avatar-api-key"
+GRPC_HEADER_PREFIX = "triton-grpc-protocol-"  # Triton 2.51 checks `<prefix><header>` on gRPC
+
+
 @dataclasses.dataclass
 class ServerOptions:
-    """How to run one embedded server. Ports of 0 are replaced by free ones."""
+    """How to run one embedded server. Ports of 0 are replaced by free ones.
+
+    Access control (Triton's restricted protocols): with `api_key` set, every gRPC and HTTP
+    request of the `restricted` protocol groups must carry the header `key_header: api_key`
+    or is refused; the others (health by default, so that probes work) stay open. TLS: with
+    `tls_cert` and `tls_key` (PEM files) gRPC serves over TLS only; HTTP stays plain, so
+    put HTTP behind a TLS proxy or restrict it too.
+    """
 
     model_repository: Path
     http_port: int = 0
@@ -113,7 +129,52 @@ class ServerOptions:
     models: Sequence[str] = ()  # explicit model control: load only these (empty: all)
     log_verbose: int = 0
     startup_timeout_s: float = 180.0
+    api_key: str = ""
+    key_header: str = DEFAULT_KEY_HEADER
+    restricted: Sequence[str] = ("inference", "model-repository")
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
     extra_args: Sequence[str] = ()
+
+    def access_args(self) -> list[str]:
+        """The tritonserver flags for the API key and TLS settings (none when unset)."""
+        args = []
+        if self.api_key:
+            unknown = sorted(set(self.restricted) - set(PROTOCOLS))
+            if unknown or not self.restricted:
+                raise ServerError(
+                    f"restricted protocols {list(self.restricted)}: expected some of {PROTOCOLS}"
+                )
+            if not self.key_header or any(c in self.key_header for c in ":=, "):
+                raise ServerError(f"key header {self.key_header!r}: expected a plain header name")
+            if any(c in self.api_key for c in ", "):
+                raise ServerError("the API key must not contain commas or spaces")
+            groups = ",".join(self.restricted)
+            setting = f"{groups}:{self.key_header}={self.api_key}"
+            args += [f"--grpc-restricted-protocol={setting}", f"--http-restricted-api={setting}"]
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ServerError("gRPC TLS needs both tls_cert and tls_key (PEM files)")
+        if self.tls_cert is not None and self.tls_key is not None:
+            for path in (self.tls_cert, self.tls_key):
+                if not Path(path).is_file():
+                    raise ServerError(f"TLS file {path} does not exist")
+            args += [
+                "--grpc-use-ssl=true",
+                f"--grpc-server-cert={Path(self.tls_cert).resolve()}",
+                f"--grpc-server-key={Path(self.tls_key).resolve()}",
+            ]
+        return args
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The HTTP header that passes the API key ({} when no key is set)."""
+        return {self.key_header: self.api_key} if self.api_key else {}
+
+    @property
+    def grpc_headers(self) -> dict[str, str]:
+        """The gRPC metadata that passes the API key: Triton expects the header name with
+        the prefix `triton-grpc-protocol-` on gRPC ({} when no key is set)."""
+        return {f"{GRPC_HEADER_PREFIX}{self.key_header}": self.api_key} if self.api_key else {}
 
     def resolved(self) -> ServerOptions:
         return dataclasses.replace(
@@ -175,7 +236,7 @@ class EmbeddedServer:
         if opts.models:
             cmd.append("--model-control-mode=explicit")
             cmd += [f"--load-model={name}" for name in opts.models]
-        return cmd + list(opts.extra_args)
+        return cmd + opts.access_args() + list(opts.extra_args)
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -217,8 +278,10 @@ class EmbeddedServer:
         return "\n".join(text.splitlines()[-lines:])
 
     def _http_ok(self, path: str) -> bool:
+        headers = self.options.headers if "health" in self.options.restricted else {}
+        request = urllib.request.Request(f"http://{self.http_url}{path}", headers=headers)
         try:
-            with urllib.request.urlopen(f"http://{self.http_url}{path}", timeout=2) as reply:
+            with urllib.request.urlopen(request, timeout=2) as reply:
                 return bool(reply.status == 200)
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             return False

@@ -58,7 +58,7 @@ def test_export_matches_sidecar_and_config(artifact):
     assert sidecar.batch_axis == 0
     assert sidecar.validation["outputs"]["frames"]["max_abs"] <= 2.0
     config = parse_config(CONFIG)
-    assert config.platform == "onnxruntime_onnx" and config.max_batch_size >= 8
+    assert config.platform in ("onnxruntime_onnx", "tensorrt_plan") and config.max_batch_size >= 8
     assert config.HasField("dynamic_batching")
     check_against_sidecar(config, sidecar)
 

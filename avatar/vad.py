@@ -59,6 +59,40 @@ def chunks(audio: np.ndarray) -> np.ndarray:
     return np.pad(audio, (0, pad)).reshape(-1, CHUNK)
 
 
+class Hysteresis:
+    """Speech on/off from per-chunk probabilities, one chunk at a time: on at `threshold`,
+    off after `min_silence_s` below `threshold - 0.15` (Silero's own rule)."""
+
+    def __init__(self, threshold: float = 0.5, min_silence_s: float = 0.1):
+        if not 0.0 < threshold < 1.0:
+            raise ValueError(f"threshold must be in (0, 1), got {threshold}")
+        self.threshold, self.off = threshold, max(threshold - 0.15, 0.01)
+        self.min_silence = max(1, round(min_silence_s / CHUNK_S))
+        self.index, self.start, self.silent = 0, None, 0
+
+    def push(self, prob: float) -> tuple[int, int] | None:
+        """Feed one chunk's probability; returns (first, end) chunk indices of a segment
+        when one has just ended, else None."""
+        i, self.index = self.index, self.index + 1
+        if self.start is None:
+            if prob >= self.threshold:
+                self.start, self.silent = i, 0
+        elif prob < self.off:
+            self.silent += 1
+            if self.silent >= self.min_silence:
+                segment, self.start = (self.start, i - self.silent + 1), None
+                return segment
+        else:
+            self.silent = 0
+        return None
+
+    def flush(self) -> tuple[int, int] | None:
+        """The segment still open at the end of the audio, if any."""
+        segment = None if self.start is None else (self.start, self.index)
+        self.start = None
+        return segment
+
+
 def speech_segments(
     probs: np.ndarray,
     threshold: float = 0.5,
@@ -66,24 +100,44 @@ def speech_segments(
     min_speech_s: float = 0.25,
 ) -> list[Segment]:
     """Speech segments (seconds) from per-chunk probabilities."""
-    if not 0.0 < threshold < 1.0:
-        raise ValueError(f"threshold must be in (0, 1), got {threshold}")
-    off = max(threshold - 0.15, 0.01)
-    segments, start, silent = [], None, 0
-    min_silence = max(1, round(min_silence_s / CHUNK_S))
-    for i, p in enumerate(np.asarray(probs, np.float32)):
-        if start is None:
-            if p >= threshold:
-                start, silent = i, 0
-        elif p < off:
-            silent += 1
-            if silent >= min_silence:
-                segments.append((start, i - silent + 1))
-                start = None
-        else:
-            silent = 0
-    if start is not None:
-        segments.append((start, len(probs)))
+    detector = Hysteresis(threshold, min_silence_s)
+    found = [detector.push(float(p)) for p in np.asarray(probs, np.float32)]
+    segments = [s for s in [*found, detector.flush()] if s is not None]
     return [
         Segment(a * CHUNK_S, b * CHUNK_S) for a, b in segments if (b - a) * CHUNK_S >= min_speech_s
     ]
+
+
+class Endpointer:
+    """Live end-of-utterance detection (a microphone): feed 512-sample chunks with their
+    speech probabilities; `push` returns the utterance [samples] once the speaker has been
+    silent for `end_silence_s`, with `pre_roll_s` of audio from before the speech began."""
+
+    def __init__(
+        self,
+        threshold: float = 0.5,
+        end_silence_s: float = 0.7,
+        min_speech_s: float = 0.25,
+        pre_roll_s: float = 0.3,
+        max_utterance_s: float = 30.0,
+    ):
+        self.detector = Hysteresis(threshold, end_silence_s)
+        self.min_speech = max(1, round(min_speech_s / CHUNK_S))
+        self.pre_roll = round(pre_roll_s / CHUNK_S)
+        self.max_chunks = round(max_utterance_s / CHUNK_S)
+        self.chunks: list[np.ndarray] = []  # since the pre-roll before the current speech
+
+    def push(self, chunk: np.ndarray, prob: float) -> np.ndarray | None:
+        """One chunk [512] and its probability -> the finished utterance, or None."""
+        self.chunks.append(np.asarray(chunk, np.float32).reshape(CHUNK))
+        segment = self.detector.push(prob)
+        if self.detector.start is None and segment is None:
+            self.chunks = self.chunks[-self.pre_roll :] if self.pre_roll else []
+            return None
+        if segment is None and len(self.chunks) < self.max_chunks:
+            return None
+        if segment is None:  # too long: cut here and start over
+            segment = self.detector.flush()
+        first, end = segment
+        utterance, self.chunks = np.concatenate(self.chunks), []
+        return utterance if end - first >= self.min_speech else None

@@ -15,7 +15,7 @@ from avatar.asr.long_form import transcribe_long
 from avatar.asr.transcribe import AsrOptions, Transcript, check_audio, transcribe
 from avatar.asr.vocab import WhisperVocab
 from avatar.errors import RequestError
-from avatar.triton.bls import error_response, infer, input_array
+from avatar.triton.bls import error_response, infer, input_array, input_text
 from avatar.triton.params import ModelParameters
 from avatar.vad import VadStream, chunks, speech_segments
 
@@ -39,11 +39,8 @@ class TritonWhisperRuntime(WhisperRuntime):
 
 
 def _string(request, name: str) -> str | None:
-    value = input_array(request, name, optional=True)
-    if value is None:
-        return None
-    item = value.reshape(-1)[0]
-    return (item.decode() if isinstance(item, bytes) else str(item)).strip() or None
+    value = input_text(request, name, optional=True)  # RequestError on invalid UTF-8
+    return (value or "").strip() or None
 
 
 class TritonPythonModel:

@@ -10,7 +10,6 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from avatar.errors import RequestError
 from avatar.pipeline.speech import join_speech
 from avatar.pipeline.turn import Speech
 from avatar.triton import bls
@@ -28,10 +27,7 @@ class TritonPythonModel:
         return bls.answer_each("avatar_speech", requests, self._speak)
 
     def _speak(self, request):
-        value = bls.input_array(request, "text").reshape(-1)
-        if value.size != 1:
-            raise RequestError(f"text must hold one string, got {value.size}")
-        text = value[0].decode("utf-8") if isinstance(value[0], bytes) else str(value[0])
+        text = bls.input_text(request, "text")  # one UTF-8 string, else RequestError
         pieces = [
             Speech(
                 audio=out["audio"].reshape(-1),

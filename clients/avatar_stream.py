@@ -116,7 +116,14 @@ def stream_turn(
     results: queue.Queue = queue.Queue()
     turn = TurnResult()
     client = grpcclient.InferenceServerClient(url)
-    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    # `session-id` metadata: a load balancer (deploy/k8s/envoy.yaml) hashes it, so every turn
+    # of a session reaches the replica that holds the session
+    # (gRPC metadata values are printable ASCII; other ids still work, without affinity)
+    affinity = session_id.isascii() and session_id.isprintable()
+    headers = {"session-id": session_id} if session_id and affinity else None
+    client.start_stream(
+        callback=lambda result, error: results.put((result, error)), headers=headers
+    )
     started = time.perf_counter()
     try:
         client.async_stream_infer(model, inputs, enable_empty_final_response=True)

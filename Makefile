@@ -14,4 +14,4 @@ test: artifacts
 lint: setup
 	$(VENV)/bin/ruff format --check . && $(VENV)/bin/ruff check .
 perf: artifacts
-	$(PY) -m perf sweep
+	$(PY) -m perf suite

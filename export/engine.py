@@ -112,7 +112,9 @@ def trtexec_command(
         f"--maxShapes={high}",
         "--skipInference",
     ]
-    if precision == "fp16":
+    if precision == "fp32":
+        cmd.append("--noTF32")  # FP32 means FP32: TensorRT would use TF32 tensor cores
+    elif precision == "fp16":
         cmd.append("--fp16")
     elif precision == "int8":
         cmd += ["--int8", "--fp16"]  # explicit Q/DQ precision; the rest may run in FP16
@@ -206,13 +208,36 @@ def parse_exported_outputs(
     return out
 
 
+# trtexec prints 8-bit integers with `os << v` (characters, not numbers): such outputs
+# (the renderer's uint8 frames) are read through the TensorRT Python API instead.
+TRTEXEC_UNREADABLE = {"uint8", "int8"}
+
+
 def run_engine(
     engine_path: Path,
     inputs: Mapping[str, np.ndarray],
     work: Path,
     dtypes: Mapping[str, str] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Run the engine once on `inputs` with trtexec; its outputs (needs TensorRT and a GPU)."""
+    """Run the engine once on `inputs`; its outputs (needs TensorRT and a GPU).
+
+    The TensorRT Python API with torch CUDA buffers where both import (the engines image),
+    else trtexec (--loadInputs / --exportOutput), which cannot return 8-bit outputs.
+    """
+    try:
+        import tensorrt  # noqa: F401
+        import torch
+
+        if torch.cuda.is_available():
+            return run_engine_python(engine_path, inputs)
+    except ImportError:
+        pass
+    unreadable = sorted(n for n, d in (dtypes or {}).items() if d in TRTEXEC_UNREADABLE)
+    if unreadable:
+        raise TensorRTMissingError(
+            f"outputs {unreadable} are 8-bit, which trtexec prints as characters: verifying "
+            f"{engine_path.name} needs the TensorRT Python API and torch with CUDA"
+        )
     trtexec = find_trtexec()
     files = write_inputs(inputs, work)
     shapes = {name: tuple(a.shape) for name, a in inputs.items()}
@@ -221,3 +246,35 @@ def run_engine(
     log.info("running %s", engine_path)
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     return parse_exported_outputs(output_json.read_text(), dtypes)
+
+
+def run_engine_python(engine_path: Path, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One execution through the TensorRT 10 Python API, buffers in torch CUDA tensors."""
+    import tensorrt as trt
+    import torch
+
+    runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+    engine = runtime.deserialize_cuda_engine(Path(engine_path).read_bytes())
+    if engine is None:
+        raise RuntimeError(f"{engine_path}: TensorRT could not deserialise the engine")
+    context = engine.create_execution_context()
+    buffers: dict[str, torch.Tensor] = {}
+    for name, array in inputs.items():
+        buffers[name] = torch.from_numpy(np.ascontiguousarray(array)).cuda()
+        context.set_input_shape(name, tuple(array.shape))
+        context.set_tensor_address(name, buffers[name].data_ptr())
+    outputs = []
+    for index in range(engine.num_io_tensors):
+        name = engine.get_tensor_name(index)
+        if engine.get_tensor_mode(name) != trt.TensorIOMode.OUTPUT:
+            continue
+        dtype = torch.from_numpy(np.empty(0, trt.nptype(engine.get_tensor_dtype(name)))).dtype
+        shape = tuple(context.get_tensor_shape(name))
+        buffers[name] = torch.empty(shape, dtype=dtype, device="cuda")
+        context.set_tensor_address(name, buffers[name].data_ptr())
+        outputs.append(name)
+    stream = torch.cuda.Stream()
+    if not context.execute_async_v3(stream.cuda_stream):
+        raise RuntimeError(f"{engine_path}: execution failed")
+    stream.synchronize()
+    return {name: buffers[name].cpu().numpy() for name in outputs}

@@ -5,7 +5,8 @@ Per model (a `Stage` below): the shape profile (explicit min/opt/max per named d
 axis of the export's sidecar, from the stage's serving limits), the precisions it may be
 built in, and the per-output tolerances its engine must meet against ONNX Runtime (FP32
 `model.onnx`, CPU) on the same inputs (Polygraphy-style: |trt - ort| <= atol + rtol * |ort|
-elementwise). INT8 is used only where an INT8 Q/DQ variant recorded `passes_gate: true`
+elementwise; the engine runs through the TensorRT Python API, or trtexec where that is
+absent). INT8 is used only where an INT8 Q/DQ variant recorded `passes_gate: true`
 in the sidecar's `validation.variants`; today none has (see `choose_precision`).
 
 The engine lands beside its ONNX artifact (`model.plan`) with `engine.json` (precision,

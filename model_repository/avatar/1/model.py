@@ -30,6 +30,7 @@ from avatar.pipeline import (
     run_turn,
 )
 from avatar.triton import bls
+from avatar.triton.metrics import Counter, Gauge
 from avatar.triton.params import ModelParameters
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -69,6 +70,10 @@ class TritonPythonModel:
         self.turns = SessionTurns()
         self.threads: set[threading.Thread] = set()
         self.lock = threading.Lock()
+        # admission: a turn beyond this many running ones is refused at once ("busy")
+        self.max_active_turns = params.int("max_active_turns", 8)
+        self.active, self.sessions = Gauge("avatar", "turns"), Gauge("avatar", "sessions")
+        self.refused = Counter("avatar", "busy")
         self.emotions = EmotionClassifier.load()
         self.stages = Stages(
             self._transcribe,
@@ -175,11 +180,19 @@ class TritonPythonModel:
                 target=self._run, args=(turn, request, sender), name="avatar-turn", daemon=True
             )
             with self.lock:
-                self.threads.add(thread)
+                busy = len(self.threads) >= self.max_active_turns
+                if not busy:
+                    self.threads.add(thread)
+                    self.active.set(len(self.threads))
+            if busy:
+                self.refused.increment()
+                sender.send(_busy(self.max_active_turns), flags=FINAL)
+                continue
             thread.start()
 
     def _run(self, turn: TurnRequest, request, sender) -> None:
         token = self.turns.begin(turn.session_id)
+        self.sessions.set(self.turns.active())
         ended, lock = threading.Event(), threading.Lock()
 
         def cancelled() -> str:
@@ -227,6 +240,8 @@ class TritonPythonModel:
             self.turns.end(token)
             with self.lock:
                 self.threads.discard(threading.current_thread())
+                self.active.set(len(self.threads))
+            self.sessions.set(self.turns.active())
 
     def _response(self, event: TurnEvent):
         if isinstance(event, TranscriptEvent):
@@ -279,6 +294,16 @@ def _max_batch(config: Path) -> int:
     from avatar.repository import parse_config
 
     return max(1, int(parse_config(config).max_batch_size))
+
+
+def _busy(limit: int):
+    """The refusal of a turn beyond the admission limit (gRPC status UNAVAILABLE)."""
+    message = f"server busy: {limit} turns are running (max_active_turns); retry in a moment"
+    code = getattr(pb_utils.TritonError, "UNAVAILABLE", None)
+    error = (
+        pb_utils.TritonError(message, code) if code is not None else pb_utils.TritonError(message)
+    )
+    return pb_utils.InferenceResponse(error=error)
 
 
 def _optional_text(request, name: str) -> str | None:

@@ -21,6 +21,7 @@ from avatar.llm.sampling import SamplingParams
 from avatar.llm.scheduler import Event
 from avatar.llm.tokenizer import Tokenizer
 from avatar.triton import bls
+from avatar.triton.metrics import Gauge
 from avatar.triton.params import ModelParameters
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -76,6 +77,7 @@ class TritonPythonModel:
         decoder = TritonDecoder(decoder_model, _layout(folder))
         self.engine = ChatEngine(decoder, Tokenizer(folder), config)
         self.engine.scheduler.start()
+        self.generations, self.sessions = Gauge("llm", "generations"), Gauge("llm", "sessions")
         pb_utils.Logger.log_info(
             f"llm: {folder.name} via {decoder_model}, batch {config.max_batch}"
         )
@@ -95,11 +97,29 @@ class TritonPythonModel:
                     _text(request, "sampling", optional=True),
                 )
                 self.engine.submit(
-                    turn, _Stream(sender).emit, request.is_cancelled, request.request_id()
+                    turn,
+                    self._counted(_Stream(sender).emit),
+                    request.is_cancelled,
+                    request.request_id(),
                 )
             except Exception as error:  # this request fails; the model keeps serving
                 pb_utils.Logger.log_warn(f"llm: {type(error).__name__}: {error}")
                 sender.send(bls.error_response(error), flags=FINAL)
+
+    def _counted(self, emit):
+        """`emit`, with the generation counted in flight until its final event (the
+        `avatar_active` gauges on /metrics show cancelled work stop)."""
+        self.generations.add(1)
+
+        def counted(event: Event) -> None:
+            try:
+                emit(event)
+            finally:
+                if event.finish_reason is not None:
+                    self.generations.add(-1)
+                    self.sessions.set(len(self.engine.sessions))
+
+        return counted
 
     def finalize(self) -> None:
         self.engine.scheduler.stop()

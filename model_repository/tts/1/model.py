@@ -12,6 +12,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from avatar.triton import bls
+from avatar.triton.metrics import Gauge
 from avatar.triton.params import ModelParameters
 from avatar.tts.normalize import MAX_CHARS
 from avatar.tts.phonemes import MAX_PHONEMES, Phonemizer, prepare
@@ -30,6 +31,7 @@ class TritonPythonModel:
         voice = packaged_voice()
         phonemizer = Phonemizer(voice.config, params.int("max_phonemes", MAX_PHONEMES))
         self.synth = Synthesizer(phonemizer, self._infer, pad_to=params.int("pad_to", 64))
+        self.active = Gauge("tts", "requests")
         pb_utils.Logger.log_info(
             f"tts: voice {voice.onnx_path.name} ({voice.config.sample_rate} Hz) via "
             f"{self.vits_model}"
@@ -41,6 +43,7 @@ class TritonPythonModel:
     def execute(self, requests: list) -> None:
         for request in requests:
             sender = request.get_response_sender()
+            self.active.add(1)
             try:
                 self._serve(request, sender)
                 sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -49,6 +52,8 @@ class TritonPythonModel:
                 sender.send(
                     bls.error_response(error), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
                 )
+            finally:
+                self.active.add(-1)
 
     def _serve(self, request, sender) -> None:
         arrays = {"text": bls.input_array(request, "text")}

@@ -1,0 +1,73 @@
+"""Work-in-flight gauges of the python-backend models, on Triton's /metrics endpoint.
+
+Triton counts executions per model, but a decoupled BLS model's `execute` returns long
+before its work ends (a turn thread, a generation on the scheduler). These gauges say
+what is still running, so that tests and operators can see cancelled work stop and
+session state go away:
+
+    avatar_active{model="avatar",what="turns"} 0
+    avatar_active{model="llm",what="generations"} 0
+    avatar_refused_total{model="avatar",reason="busy"} 3
+
+Imported only inside the python-backend stub.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import triton_python_backend_utils as pb_utils
+
+_LOCK = threading.Lock()
+_FAMILIES: dict[str, object] = {}
+
+
+def _family(name: str, description: str, kind) -> object:
+    with _LOCK:  # one family per name per stub process
+        if name not in _FAMILIES:
+            _FAMILIES[name] = pb_utils.MetricFamily(name=name, description=description, kind=kind)
+        return _FAMILIES[name]
+
+
+class Gauge:
+    """How many of `what` a model has in flight; thread-safe add/set."""
+
+    def __init__(self, model: str, what: str):
+        family = _family(
+            "avatar_active",
+            "Work in flight in a python-backend model (turns, generations, requests, sessions)",
+            pb_utils.MetricFamily.GAUGE,
+        )
+        self._metric = family.Metric(labels={"model": model, "what": what})
+        self._lock = threading.Lock()
+        self._value = 0
+
+    def add(self, delta: int) -> int:
+        with self._lock:
+            self._value += delta
+            self._metric.set(float(self._value))
+            return self._value
+
+    def set(self, value: int) -> None:
+        with self._lock:
+            self._value = value
+            self._metric.set(float(value))
+
+    @property
+    def value(self) -> int:
+        return self._value
+
+
+class Counter:
+    """Requests a model refused (admission limits), by reason."""
+
+    def __init__(self, model: str, reason: str):
+        family = _family(
+            "avatar_refused_total",
+            "Requests a python-backend model refused before starting work, by reason",
+            pb_utils.MetricFamily.COUNTER,
+        )
+        self._metric = family.Metric(labels={"model": model, "reason": reason})
+
+    def increment(self) -> None:
+        self._metric.increment(1.0)

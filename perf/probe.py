@@ -1,0 +1,231 @@
+"""Client-side probes for the reliability commands and tests: the python-backend gauges on
+/metrics, the memory of tritonserver and its stub processes (/proc), config overrides in a
+materialised repository, and a closed-loop driver of `avatar` turns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def metrics(url: str, names: Sequence[str] = ("avatar_active", "avatar_refused_total")):
+    """Prometheus text from `url` -> {(name, (("label", "value"), ...)): value} for `names`."""
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        text = reply.read().decode("utf-8")
+    values: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match and match.group(1) in names:
+            labels = tuple(sorted(_LABEL.findall(match.group(2) or "")))
+            values[(match.group(1), labels)] = float(match.group(3))
+    return values
+
+
+def gauge(values: dict, model: str, what: str) -> float:
+    """avatar_active{model=..., what=...} from `metrics()` (0 when not reported yet)."""
+    return values.get(("avatar_active", (("model", model), ("what", what))), 0.0)
+
+
+def refused(values: dict, model: str, reason: str = "busy") -> float:
+    return values.get(("avatar_refused_total", (("model", model), ("reason", reason))), 0.0)
+
+
+# ---------------------------------------------------------------- processes and memory
+def children(pid: int) -> list[int]:
+    """Every descendant of `pid` (the stubs of tritonserver), from /proc."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parents[int(stat.parent.name)] = int(fields[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    found, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        kids = [p for p, pp in parents.items() if pp == parent]
+        found += kids
+        frontier += kids
+    return found
+
+
+def rss_mb(pid: int) -> float | None:
+    """Resident memory of one process (MB), None when it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def process_name(pid: int) -> str:
+    """`tritonserver`, or the model folder of a python-backend stub (e.g. `tts`)."""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "?"
+    for arg in args:
+        if arg.endswith(b"/model.py"):
+            return Path(arg.decode()).parent.parent.name
+    return Path(args[0].decode()).name if args and args[0] else "?"
+
+
+def stub_pids(server_pid: int) -> dict[str, int]:
+    """model -> pid of its (first) python-backend stub."""
+    pids: dict[str, int] = {}
+    for pid in children(server_pid):
+        name = process_name(pid)
+        if name != "?" and pid not in pids.values():
+            pids.setdefault(name, pid)
+    return pids
+
+
+def memory(server_pid: int) -> dict[str, float]:
+    """RSS (MB) of tritonserver and each stub process, keyed by name."""
+    sample = {"tritonserver": rss_mb(server_pid) or 0.0}
+    for pid in children(server_pid):
+        name = process_name(pid)
+        value = rss_mb(pid)
+        if value is not None and name != "?":
+            sample[name] = sample.get(name, 0.0) + value
+    return sample
+
+
+def slope_per_minute(times_s: Sequence[float], values: Sequence[float]) -> float:
+    """Least-squares slope of values over time, per minute."""
+    if len(times_s) < 2:
+        return 0.0
+    return float(np.polyfit(np.asarray(times_s) / 60.0, np.asarray(values), 1)[0])
+
+
+# ---------------------------------------------------------------- repository overrides
+def set_parameters(repository: Path, model: str, **values: str) -> None:
+    """Write `parameters` of a materialised model's config.pbtxt (e.g. max_active_turns)."""
+    from google.protobuf import text_format
+
+    from avatar.repository import parse_config
+
+    path = repository / model / "config.pbtxt"
+    config = parse_config(path)
+    for key, value in values.items():
+        config.parameters[key].string_value = str(value)
+    path.write_text(text_format.MessageToString(config))
+
+
+def set_queue_policy(repository: Path, model: str, max_queue_size: int, timeout_us: int) -> None:
+    """Rewrite a batched model's dynamic_batching.default_queue_policy (REJECT on timeout)."""
+    from google.protobuf import text_format
+
+    from avatar.repository import parse_config
+
+    path = repository / model / "config.pbtxt"
+    config = parse_config(path)
+    policy = config.dynamic_batching.default_queue_policy
+    policy.max_queue_size = max_queue_size
+    policy.default_timeout_microseconds = timeout_us
+    policy.timeout_action = policy.REJECT
+    policy.allow_timeout_override = True
+    path.write_text(text_format.MessageToString(config))
+
+
+# ---------------------------------------------------------------- load
+QUESTIONS = (
+    "What is your name?",
+    "Can you tell me where the lobby is?",
+    "What time does the restaurant open?",
+    "Is there parking near the building?",
+    "How do I get to the train station?",
+    "What is the weather like today?",
+)
+
+
+@dataclasses.dataclass
+class Outcome:
+    """One turn as the client saw it."""
+
+    started: float  # monotonic
+    seconds: float
+    error: str  # "" when served; the stream error or the final error list otherwise
+    refused: bool  # refused by admission control / a queue policy
+    first_audio_s: float | None = None
+    kind: str = "text"
+
+
+def is_refusal(error: str) -> bool:
+    text = error.lower()
+    return "server busy" in text or "exceeds maximum queue size" in text
+
+
+def turn(url: str, index: int, audio: np.ndarray | None, **controls: Any) -> Outcome:
+    """One `avatar` turn: text, or `audio` when given; failures are data, not raises."""
+    import json
+
+    from clients.avatar_stream import stream_turn
+
+    started = time.monotonic()
+    kind = "audio" if audio is not None else "text"
+    try:
+        if audio is not None:
+            result = stream_turn(url, audio=audio, controls=controls, timeout_s=300)
+        else:
+            question = QUESTIONS[index % len(QUESTIONS)]
+            result = stream_turn(url, text=question, controls=controls, timeout_s=300)
+    except Exception as error:  # a broken stream, a timeout
+        return Outcome(started, time.monotonic() - started, f"{type(error).__name__}: {error}",
+                       False, None, kind)  # fmt: skip
+    error = result.error
+    if not error and result.final:
+        errors = json.loads(result.final.get("error") or "[]")
+        error = "; ".join(errors)
+    elif not error:
+        error = "no final response"
+    seconds = time.monotonic() - started
+    return Outcome(started, seconds, error, is_refusal(error), result.first_audio_s, kind)
+
+
+def closed_loop(
+    clients: int,
+    seconds: float,
+    run: Callable[[int], Outcome],
+    refused_backoff_s: float = 0.25,
+) -> list[Outcome]:
+    """`clients` threads each run turns back to back for `seconds`; a refused client waits
+    `refused_backoff_s` (as a client honouring UNAVAILABLE would) before it tries again."""
+    outcomes: list[Outcome] = []
+    lock = threading.Lock()
+    deadline = time.monotonic() + seconds
+
+    def client(number: int) -> None:
+        index = number
+        while time.monotonic() < deadline:
+            outcome = run(index)
+            with lock:
+                outcomes.append(outcome)
+            index += clients
+            if outcome.refused:
+                time.sleep(refused_backoff_s)
+
+    threads = [threading.Thread(target=client, args=(n,), daemon=True) for n in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return outcomes
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    return float(np.percentile(values, q)) if len(values) else float("nan")

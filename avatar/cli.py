@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 
 from avatar.deployment import PROJECT_ROOT, build_repository
-from avatar.repository import TARGETS
+from avatar.repository import TARGETS, RepositoryError
 from avatar.server import DEFAULT_KEY_HEADER, PROTOCOLS, EmbeddedServer, ServerOptions
 
 log = logging.getLogger("avatar")
@@ -20,7 +20,11 @@ DEFAULT_BUILD = PROJECT_ROOT / "build"
 
 
 def _materialize(args: argparse.Namespace) -> int:
-    models = build_repository(args.out, args.target, args.models or None)
+    try:
+        models = build_repository(args.out, args.target, args.models or None)
+    except RepositoryError as error:  # e.g. production without verified engines
+        log.error("%s", error)
+        return 1
     for m in models:
         log.info("%-14s served as %-8s (declared %s)", m.name, m.platform, m.declared_platform)
     log.info("%s repository written to %s", args.target, args.out)

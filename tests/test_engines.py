@@ -348,7 +348,7 @@ def test_production_serves_only_verified_engines(tmp_path: Path, vad_artifact: P
 
 
 def test_production_repository_without_engines_says_what_to_run(
-    tmp_path: Path, artifacts: dict[str, Path]
+    tmp_path: Path, artifacts: dict[str, Path], caplog: pytest.LogCaptureFixture
 ) -> None:
     unbuilt = [n for n in ENGINE_MODELS if not (artifacts[n] / "model.plan").is_file()]
     if not unbuilt:
@@ -363,6 +363,12 @@ def test_production_repository_without_engines_says_what_to_run(
     assert "run `python -m export engines`" in message
     assert "docker compose run --rm engines" in message
     assert not (tmp_path / "prod").exists()
+    # the command line says the same, without a traceback
+    from avatar.cli import main
+
+    assert main(["materialize", "--target", "production", "--out", str(tmp_path / "cli")]) == 1
+    assert "run `python -m export engines`" in caplog.text
+    assert not (tmp_path / "cli").exists()
 
 
 # ----------------------------------------------------------------- with / without TensorRT

@@ -212,3 +212,23 @@ def test_prometheus_scrapes_triton_metrics() -> None:
     keep = job["relabel_configs"][0]
     assert keep["action"] == "keep"
     assert keep["source_labels"] == ["__meta_kubernetes_pod_annotation_prometheus_io_scrape"]
+
+
+def test_accelerator_cache_folders_are_created_by_the_engine_jobs() -> None:
+    """ONNX Runtime creates only the last folder of trt_engine_cache_path: both engine jobs
+    make each configured path beforehand, on the volume the servers mount at /cache."""
+    from avatar.deployment import SOURCE_REPOSITORY
+    from avatar.repository import parse_config
+
+    paths = []
+    for config_path in sorted(SOURCE_REPOSITORY.glob("*/config.pbtxt")):
+        accelerators = parse_config(
+            config_path
+        ).optimization.execution_accelerators.gpu_execution_accelerator
+        paths += [a.parameters["trt_engine_cache_path"] for a in accelerators]
+    assert paths, "tts_vits uses ONNX Runtime's TensorRT accelerator"
+    compose = " ".join(_compose()["services"]["engines"]["command"])
+    (job,) = _one("Job", "avatar-engines")["spec"]["template"]["spec"]["containers"]
+    for path in paths:
+        assert path.startswith("/cache/")
+        assert f"mkdir -p {path}" in compose and f"mkdir -p {path}" in " ".join(job["args"])

@@ -4,7 +4,9 @@
 models, `1/model.py`). Two targets:
 
 - `production`: configs as written; native models get their artifact (`model.plan` for
-  `tensorrt_plan`, `model.onnx` for `onnxruntime_onnx`) in `1/`.
+  `tensorrt_plan`, `model.onnx` for `onnxruntime_onnx`) in `1/`. An engine is served only
+  with a passed verification record (`engine.json`, `python -m export engines`); anything
+  missing is listed in one error before anything is written.
 
 In both, the artifact's companion files (tokenizer, model config, voice config) are
 placed beside it in `1/`, where the BLS models that drive it read them.

@@ -306,6 +306,11 @@ class EmbeddedServer:
             f"(log {self.log_path}):\n{self.log_tail()}"
         )
 
+    @property
+    def pid(self) -> int | None:
+        """The tritonserver process id (its python-backend stubs are its children)."""
+        return self._process.pid if self._process is not None else None
+
     def is_running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 

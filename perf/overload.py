@@ -1,0 +1,107 @@
+"""`python -m perf.overload`: drive the `avatar` model at 1x and at N x its admission
+capacity (closed loop, text turns) and print what overload does: how many turns are
+refused, how fast a refusal comes back, and the latency of the admitted turns against 1x.
+
+Starts an embedded server with `max_active_turns` set to --capacity (every model of
+model_repository/), or drives a running one (--url; --capacity must then match its
+config). Refused clients wait --backoff seconds before trying again, as a client that
+honours UNAVAILABLE would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import sys
+import tempfile
+from pathlib import Path
+
+from perf import probe
+
+log = logging.getLogger("perf.overload")
+
+
+def summarize(label: str, outcomes: list[probe.Outcome], seconds: float) -> dict[str, float]:
+    served = [o.seconds for o in outcomes if not o.error]
+    refusals = [o.seconds for o in outcomes if o.refused]
+    failed = [o for o in outcomes if o.error and not o.refused]
+    first_audio = [o.first_audio_s for o in outcomes if not o.error and o.first_audio_s]
+    return {
+        "load": label,
+        "turns": len(outcomes),
+        "served": len(served),
+        "served/min": len(served) / seconds * 60,
+        "refused": len(refusals),
+        "failed": len(failed),
+        "refusal p50 ms": probe.percentile(refusals, 50) * 1000,
+        "refusal max ms": max(refusals) * 1000 if refusals else float("nan"),
+        "served p50 s": probe.percentile(served, 50),
+        "served p99 s": probe.percentile(served, 99),
+        "first audio p50 s": probe.percentile(first_audio, 50),
+        "first audio p99 s": probe.percentile(first_audio, 99),
+    }
+
+
+def format_rows(rows: list[dict]) -> str:
+    keys = list(rows[0])
+    cells = [[f"{r[k]:.2f}" if isinstance(r[k], float) else str(r[k]) for k in keys] for r in rows]
+    widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
+    lines = ["  ".join(k.rjust(w) for k, w in zip(keys, widths, strict=True))]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m perf.overload", description=__doc__)
+    parser.add_argument("--url", help="gRPC address of a running server (default: start one)")
+    parser.add_argument("--metrics-url", help="its /metrics address (refusal counter)")
+    parser.add_argument("--capacity", type=int, default=2, help="max_active_turns (1x load)")
+    parser.add_argument("--factor", type=int, default=4, help="overload = factor x capacity")
+    parser.add_argument("--seconds", type=float, default=60.0, help="per load level")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--backoff", type=float, default=0.25, help="s a refused client waits")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    controls = {"max_tokens": args.max_tokens, "seed": 1}
+
+    with contextlib.ExitStack() as stack:
+        url, metrics_url = args.url, args.metrics_url
+        if url is None:
+            from avatar.deployment import build_repository
+            from avatar.server import EmbeddedServer, ServerOptions
+
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="overload-")))
+            build_repository(tmp / "repository", "embedded")
+            probe.set_parameters(tmp / "repository", "avatar", max_active_turns=args.capacity)
+            server = stack.enter_context(
+                EmbeddedServer(ServerOptions(tmp / "repository", startup_timeout_s=600))
+            )
+            url, metrics_url = server.grpc_url, server.metrics_url
+
+        def run(index: int) -> probe.Outcome:
+            return probe.turn(url, index, None, **controls)
+
+        probe.closed_loop(1, 1.0, run)  # warm-up: caches, first-call costs
+        rows = []
+        for factor in (1, args.factor):
+            clients = factor * args.capacity
+            log.info("%dx load: %d clients for %.0f s", factor, clients, args.seconds)
+            before = probe.refused(probe.metrics(metrics_url), "avatar") if metrics_url else 0
+            outcomes = probe.closed_loop(clients, args.seconds, run, args.backoff)
+            row = summarize(f"{factor}x ({clients} clients)", outcomes, args.seconds)
+            if metrics_url:
+                row["server refused"] = int(
+                    probe.refused(probe.metrics(metrics_url), "avatar") - before
+                )
+            rows.append(row)
+            for outcome in outcomes:
+                if outcome.error and not outcome.refused:
+                    log.warning("failed turn: %s", outcome.error[:200])
+    print(f"avatar overload, capacity {args.capacity} turns, {args.seconds:.0f} s per level")
+    print(format_rows(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -17,6 +17,7 @@ RECIPES: dict[str, str] = {
     "tts_vits": "export.tts:VitsRecipe",
     "llm_decoder": "export.llm:LlmDecoderRecipe",
     "renderer": "export.renderer:RendererRecipe",
+    "lipsync": "export.lipsync:LipsyncRecipe",
 }
 
 

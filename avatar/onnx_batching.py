@@ -43,8 +43,11 @@ class TensorIO:
             tuple(int(d) for d in entry["dims"]),
         )
 
-    def check(self, array: np.ndarray, batched: bool, finite: bool = True) -> None:
-        """Raise RequestError unless `array` matches this declaration."""
+    def check(
+        self, array: np.ndarray, batched: bool, finite: bool = True, allow_empty: bool = True
+    ) -> None:
+        """Raise RequestError unless `array` matches this declaration (and, unless
+        `allow_empty`, holds at least one value per batch item)."""
         if array.dtype.name != self.dtype:
             raise RequestError(
                 f"input {self.name!r} has dtype {array.dtype.name}, expected {self.dtype}"
@@ -59,6 +62,11 @@ class TensorIO:
             )
         if batched and array.shape[0] == 0:
             raise RequestError(f"input {self.name!r} has an empty batch")
+        if not allow_empty and 0 in dims:
+            raise RequestError(
+                f"input {self.name!r} is empty (shape {list(array.shape)}); expected at least "
+                "one value per item"
+            )
         if finite and array.dtype.kind == "f" and not np.isfinite(array).all():
             raise RequestError(f"input {self.name!r} contains NaN or Inf")
 
@@ -72,10 +80,13 @@ class BatchedSession:
         inputs: Sequence[TensorIO],
         outputs: Sequence[TensorIO],
         batched: bool,
+        *,
         check_finite: bool = True,
+        allow_empty: bool = True,
     ):
         self.session = session
         self.check_finite = check_finite
+        self.allow_empty = allow_empty
         self.inputs = list(inputs)
         self.outputs = list(outputs)
         self.batched = batched
@@ -86,7 +97,12 @@ class BatchedSession:
 
     @classmethod
     def from_config(
-        cls, path: Path, config: Mapping[str, Any], threads: int = 1, check_finite: bool = True
+        cls,
+        path: Path,
+        config: Mapping[str, Any],
+        threads: int = 1,
+        check_finite: bool = True,
+        allow_empty: bool = True,
     ) -> BatchedSession:
         import onnxruntime as ort
 
@@ -101,6 +117,7 @@ class BatchedSession:
             [TensorIO.from_config(e) for e in config.get("output", [])],
             batched=int(config.get("max_batch_size", 0)) > 0,
             check_finite=check_finite,
+            allow_empty=allow_empty,
         )
 
     def _validate(self, request: Mapping[str, np.ndarray]) -> None:
@@ -108,7 +125,7 @@ class BatchedSession:
         for spec in self.inputs:
             if spec.name not in request:
                 raise RequestError(f"missing input {spec.name!r}")
-            spec.check(request[spec.name], self.batched, self.check_finite)
+            spec.check(request[spec.name], self.batched, self.check_finite, self.allow_empty)
             if self.batched:
                 sizes.add(request[spec.name].shape[0])
         if len(sizes) > 1:

@@ -7,8 +7,9 @@ Outputs `viseme_probs` [batch, frames, 15] (tables.VISEMES order, rows sum to 1)
 
 The STFT is a strided Conv1d with a fixed windowed-DFT basis and the mel filterbank a
 fixed matrix, so the exported graph is Pad, Conv, Slice, Pow, Add, MatMul, Log and the
-network's Conv/BatchNormalization/Relu/Softmax/Sigmoid (TensorRT-friendly, no STFT/FFT op). The network sees +-RECEPTIVE_FRAMES frames on
-each side (+-0.33 s): it is not causal, a streaming client needs that much look-ahead.
+network's Conv/BatchNormalization/Relu/Softmax/Sigmoid (TensorRT-friendly, no STFT/FFT
+op). The network sees +-RECEPTIVE_FRAMES frames on each side (+-0.33 s): it is not
+causal, a streaming client needs that much look-ahead.
 """
 
 from __future__ import annotations

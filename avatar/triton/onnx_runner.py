@@ -30,6 +30,8 @@ class TritonPythonModel:
             # Off for models only other models call with tensors they made (e.g. the
             # ASR decoder's 37-MB cross-attention cache on every step).
             check_finite=params.bool("check_finite_inputs", True),
+            # Off for models whose dynamic dims must not be 0 (lipsync: audio samples).
+            allow_empty=params.bool("allow_empty_inputs", True),
         )
         pb_utils.Logger.log_info(
             f"{config['name']}: ONNX Runtime runner for {path.name} "

@@ -1,6 +1,7 @@
 """Lipsync export: the committed weights (export/lipsync_model.py) -> ONNX, verified.
 
     python -m export build lipsync
+    python -m export.lipsync           # audio seconds per second at batch 1 and 16 (1 thread)
 
 Input `audio` [batch, samples] float32 (16 kHz mono); outputs `viseme_probs`
 [batch, frames, 15] and `mouth_open` [batch, frames], frames = samples // 160 + 1. Batch
@@ -152,3 +153,34 @@ def expected_specs() -> tuple[list[TensorSpec], list[TensorSpec]]:
         [TensorSpec("viseme_probs", "float32", ("batch", "frames", CLASSES)),
          TensorSpec("mouth_open", "float32", ("batch", "frames"))],
     )  # fmt: skip
+
+
+def measure(path: Path, batches: tuple[int, ...] = (1, 16), seconds: float = 3.0) -> dict:
+    """Audio seconds processed per second (1 thread) on 3-s windows, per batch size."""
+    import time
+
+    session = onnx_session(path, threads=1)
+    results = {}
+    for batch in batches:
+        audio = example_audio(batch, 3 * SAMPLE_RATE, seed=batch)
+        session.run(list(OUTPUTS), {INPUT: audio})  # warm-up
+        runs, started = 0, time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            session.run(list(OUTPUTS), {INPUT: audio})
+            runs += 1
+        results[batch] = runs * batch * 3.0 / (time.perf_counter() - started)
+    return results
+
+
+def main() -> None:
+    """python -m export.lipsync: build (cached) and print the real-time factor per batch."""
+    from export.common import ensure
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    folder = ensure(LipsyncRecipe())
+    for batch, speed in measure(folder / "model.onnx").items():
+        print(f"lipsync, batch {batch:2d} x 3-s windows, 1 thread: {speed:.0f} s of audio per s")
+
+
+if __name__ == "__main__":
+    main()

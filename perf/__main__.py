@@ -24,7 +24,7 @@ from perf.inputs import SAMPLES
 from perf.report import DEFAULT_OUT
 
 log = logging.getLogger("perf")
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = DEFAULT_OUT / "sweep"
 
 
 def _server(stack: contextlib.ExitStack, url: str | None, tmp: Path) -> str:

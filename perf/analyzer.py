@@ -93,6 +93,12 @@ class SweepPoint:
     def fields() -> list[str]:
         return [f.name for f in dataclasses.fields(SweepPoint)]
 
+    @property
+    def served_per_s(self) -> float:
+        """Throughput by Little's law, concurrency / mean latency: in --request-count mode
+        perf_analyzer divides by whole seconds, too coarse for slow models."""
+        return self.concurrency / (self.avg_ms / 1000) if self.avg_ms else 0.0
+
 
 def _parse_csv(path: Path, model: str) -> list[SweepPoint]:
     rows = list(csv.DictReader(path.open()))

@@ -83,6 +83,12 @@ class BatchResult:
     def fields() -> list[str]:
         return [f.name for f in dataclasses.fields(BatchResult)]
 
+    @property
+    def served_per_s(self) -> float:
+        """Throughput by Little's law, concurrency / mean latency: perf_analyzer's count
+        mode divides by whole seconds (48 requests in 5 or 6 s: 9.6 or 8.0/s), too coarse."""
+        return self.concurrency / (self.avg_ms / 1000) if self.avg_ms else 0.0
+
     @classmethod
     def of(cls, point: BatchPoint, swept: SweepPoint, requests: int) -> BatchResult:
         return cls(
@@ -195,26 +201,35 @@ def run(
 
 
 def best(results: Sequence[BatchResult], model: str) -> BatchResult:
-    """The point with the highest throughput (rounded to 0.1/s), ties by the lower p95."""
+    """The point with the highest throughput (concurrency / mean latency)."""
     rows = [r for r in results if r.model == model]
-    return max(rows, key=lambda r: (round(r.throughput_per_s, 1), -r.p95_ms))
+    return max(rows, key=lambda r: r.served_per_s)
 
 
 def format_table(results: Sequence[BatchResult]) -> str:
     """Markdown table, one row per point."""
     lines = [
-        "| model | max batch | delay ms | instances | conc | infer/s | p50 ms | p95 ms | "
-        "p99 ms | queue ms | compute ms | load |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| model | max batch | delay ms | instances | conc | infer/s (c/mean) | infer/s (PA) | "
+        "p50 ms | p95 ms | p99 ms | queue ms | compute ms | load |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         lines.append(
             f"| {r.model} | {r.max_batch_size} | {r.delay_us / 1000:g} | {r.instances} | "
-            f"{r.concurrency} | {r.throughput_per_s:.1f} | {r.p50_ms:.1f} | {r.p95_ms:.1f} | "
+            f"{r.concurrency} | {r.served_per_s:.2f} | {r.throughput_per_s:.1f} | "
+            f"{r.p50_ms:.1f} | {r.p95_ms:.1f} | "
             f"{r.p99_ms:.1f} | {r.server_queue_ms:.1f} | {r.server_compute_ms:.1f} | "
             f"{r.load_1m:.2f} |"
         )
     return "\n".join(lines)
+
+
+def load(path: Path) -> list[BatchResult]:
+    """Rows of a saved batching.json (to re-tabulate or merge runs)."""
+    import json
+
+    rows = json.loads(Path(path).read_text())["rows"]
+    return [BatchResult(**{k: row[k] for k in BatchResult.fields()}) for row in rows]
 
 
 def plot(results: Sequence[BatchResult], folder: Path) -> list[Path]:
@@ -228,7 +243,7 @@ def plot(results: Sequence[BatchResult], folder: Path) -> list[Path]:
             if r.model == model:
                 key = f"{r.instances} inst, delay {r.delay_us / 1000:g} ms"
                 series.setdefault(key, []).append(
-                    (f"b{r.max_batch_size}", r.throughput_per_s, r.p95_ms)
+                    (f"b{r.max_batch_size}", r.served_per_s, r.p95_ms)
                 )
         title = f"{model}: batching sweep (points: max_batch_size)"
         paths.append(plot_throughput_latency(series, folder / f"batching-{model}.png", title))

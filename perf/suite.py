@@ -61,13 +61,14 @@ def run(
 
 def format_table(points: Sequence[SweepPoint]) -> str:
     lines = [
-        "| model | concurrency | infer/s | p50 ms | p95 ms | p99 ms | queue ms | compute ms "
-        "| load |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| model | concurrency | infer/s (c/mean) | infer/s (PA) | p50 ms | p95 ms | p99 ms "
+        "| queue ms | compute ms | load |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for p in points:
         lines.append(
-            f"| {p.model} | {p.concurrency} | {p.throughput_per_s:.2f} | {p.p50_ms:.1f} | "
+            f"| {p.model} | {p.concurrency} | {p.served_per_s:.2f} | {p.throughput_per_s:.2f} | "
+            f"{p.p50_ms:.1f} | "
             f"{p.p95_ms:.1f} | {p.p99_ms:.1f} | {p.server_queue_ms:.1f} | "
             f"{p.server_compute_ms:.1f} | {p.load_1m:.2f} |"
         )
@@ -83,7 +84,7 @@ def save(points: Sequence[SweepPoint], out: Path) -> list[Path]:
     (out / "suite.md").write_text(format_table(points) + "\n")
     series: dict[str, list[tuple[str, float, float]]] = {}
     for p in points:
-        series.setdefault(p.model, []).append((f"c{p.concurrency}", p.throughput_per_s, p.p95_ms))
+        series.setdefault(p.model, []).append((f"c{p.concurrency}", p.served_per_s, p.p95_ms))
     for model, points_of in series.items():
         paths.append(
             plot_throughput_latency(

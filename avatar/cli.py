@@ -44,6 +44,7 @@ def _serve(args: argparse.Namespace) -> int:
         restricted=tuple(args.restrict.split(",")),
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
+        heal=args.heal,
     )
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -58,7 +59,7 @@ def _serve(args: argparse.Namespace) -> int:
             server.log_path,
         )
         while not stop.wait(1.0):
-            if not server.is_running():
+            if not server.is_running() and not options.heal:
                 log.error("tritonserver exited:\n%s", server.log_tail())
                 return 1
     return 0
@@ -117,6 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     serve.add_argument("--tls-cert", type=Path, help="PEM server certificate: gRPC over TLS")
     serve.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
+    serve.add_argument(
+        "--heal",
+        action="store_true",
+        help="reload a model whose python-backend stub died and restart a server that "
+        "exited (explicit model control; see avatar/supervisor.py)",
+    )
     serve.set_defaults(run=_serve)
 
     demo = sub.add_parser("demo", help="start the embedded server and drive it from a client")

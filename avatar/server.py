@@ -27,6 +27,8 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
+from avatar.supervisor import Supervisor
+
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
@@ -134,6 +136,9 @@ class ServerOptions:
     restricted: Sequence[str] = ("inference", "model-repository")
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    # reload a model whose python-backend stub died, restart a server that exited
+    # (avatar.supervisor); needs explicit model control, so every model is loaded by name
+    heal: bool = False
     extra_args: Sequence[str] = ()
 
     def access_args(self) -> list[str]:
@@ -204,6 +209,7 @@ class EmbeddedServer:
         self._workdir = Path(tempfile.mkdtemp(prefix="avatar-triton-"))
         self.log_path = self._workdir / "tritonserver.log"
         self._process: subprocess.Popen[bytes] | None = None
+        self.supervisor: Supervisor | None = None
 
     @property
     def http_url(self) -> str:
@@ -233,9 +239,9 @@ class EmbeddedServer:
             "--exit-on-error=true",
             f"--log-verbose={opts.log_verbose}",
         ]
-        if opts.models:
+        if opts.models or opts.heal:
             cmd.append("--model-control-mode=explicit")
-            cmd += [f"--load-model={name}" for name in opts.models]
+            cmd += [f"--load-model={name}" for name in opts.models or ["*"]]
         return cmd + opts.access_args() + list(opts.extra_args)
 
     def environment(self) -> dict[str, str]:
@@ -268,7 +274,16 @@ class EmbeddedServer:
         except BaseException:
             self.stop()
             raise
+        if self.options.heal and self.supervisor is None:
+            self.supervisor = Supervisor(self).start()
         return self
+
+    def restart(self) -> None:
+        """Stop (if still running) and start again on the same ports. The new process gets
+        SIGTERM when the thread that called this ends (PR_SET_PDEATHSIG is per thread): the
+        supervisor's thread lives as long as the server it watches."""
+        self._stop_process()
+        self.start()
 
     def log_tail(self, lines: int = 40) -> str:
         try:
@@ -315,7 +330,14 @@ class EmbeddedServer:
         return self._process is not None and self._process.poll() is None
 
     def stop(self, grace_s: float = 15.0) -> None:
-        """SIGTERM, wait `grace_s`, then SIGKILL. Safe to call twice."""
+        """Stop the supervisor, then the server: SIGTERM, wait `grace_s`, then SIGKILL.
+        Safe to call twice."""
+        supervisor, self.supervisor = self.supervisor, None
+        if supervisor is not None:
+            supervisor.stop()
+        self._stop_process(grace_s)
+
+    def _stop_process(self, grace_s: float = 15.0) -> None:
         process, self._process = self._process, None
         if process is None:
             return

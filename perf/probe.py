@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from avatar.supervisor import stub_processes
+
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
@@ -43,24 +45,6 @@ def refused(values: dict, model: str, reason: str = "busy") -> float:
 
 
 # ---------------------------------------------------------------- processes and memory
-def children(pid: int) -> list[int]:
-    """Every descendant of `pid` (the stubs of tritonserver), from /proc."""
-    parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            parents[int(stat.parent.name)] = int(fields[1])
-        except (OSError, IndexError, ValueError):
-            continue
-    found, frontier = [], [pid]
-    while frontier:
-        parent = frontier.pop()
-        kids = [p for p, pp in parents.items() if pp == parent]
-        found += kids
-        frontier += kids
-    return found
-
-
 def rss_mb(pid: int) -> float | None:
     """Resident memory of one process (MB), None when it is gone."""
     try:
@@ -72,36 +56,16 @@ def rss_mb(pid: int) -> float | None:
     return None
 
 
-def process_name(pid: int) -> str:
-    """`tritonserver`, or the model folder of a python-backend stub (e.g. `tts`)."""
-    try:
-        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return "?"
-    for arg in args:
-        if arg.endswith(b"/model.py"):
-            return Path(arg.decode()).parent.parent.name
-    return Path(args[0].decode()).name if args and args[0] else "?"
-
-
 def stub_pids(server_pid: int) -> dict[str, int]:
-    """model -> pid of its (first) python-backend stub."""
-    pids: dict[str, int] = {}
-    for pid in children(server_pid):
-        name = process_name(pid)
-        if name != "?" and pid not in pids.values():
-            pids.setdefault(name, pid)
-    return pids
+    """model -> pid of its (first) live python-backend stub."""
+    return {model: min(pids) for model, pids in stub_processes(server_pid).items()}
 
 
 def memory(server_pid: int) -> dict[str, float]:
-    """RSS (MB) of tritonserver and each stub process, keyed by name."""
+    """RSS (MB) of tritonserver and of each model's stub processes, keyed by name."""
     sample = {"tritonserver": rss_mb(server_pid) or 0.0}
-    for pid in children(server_pid):
-        name = process_name(pid)
-        value = rss_mb(pid)
-        if value is not None and name != "?":
-            sample[name] = sample.get(name, 0.0) + value
+    for model, pids in stub_processes(server_pid).items():
+        sample[model] = sum(rss_mb(pid) or 0.0 for pid in pids)
     return sample
 
 

@@ -132,7 +132,14 @@ def _vanish_by_kill(url: str, model: str, inputs: dict, tmp_path: Path) -> None:
         process.wait()
 
 
-@pytest.mark.parametrize("how", ["cancel", "close", "kill"])
+@pytest.mark.parametrize(
+    "how",
+    [
+        "cancel",
+        pytest.param("close", marks=pytest.mark.slow),
+        pytest.param("kill", marks=pytest.mark.slow),
+    ],
+)
 @pytest.mark.parametrize("model", ["llm", "tts", "avatar"])
 def test_vanished_client_leaves_no_work_and_no_state(server, model, how, tmp_path):
     url = server.grpc_url

@@ -63,6 +63,7 @@ def _until_served(url: str, model: str, inputs: dict, timeout_s: float = 120) ->
     pytest.fail(f"{model} not served {timeout_s} s after its stub was killed: {replies[-3:]}")
 
 
+@pytest.mark.slow
 def test_killed_stub_stays_dead_until_its_model_is_reloaded(fragile):
     """Triton 2.51 alone (the supervisor paused): no stub restart; unload + load recovers."""
     import tritonclient.grpc as grpcclient
@@ -100,6 +101,7 @@ def test_killed_stub_stays_dead_until_its_model_is_reloaded(fragile):
         fragile.supervisor = Supervisor(fragile).start()
 
 
+@pytest.mark.slow
 def test_supervisor_reloads_a_model_whose_stub_died(fragile):
     url = fragile.grpc_url
     killed_at = time.monotonic()
@@ -115,13 +117,13 @@ def test_supervisor_reloads_a_model_whose_stub_died(fragile):
     assert probe.stub_pids(fragile.pid)["tts"] != old and fragile.is_running()
 
 
-def test_stage_that_raises_falls_back_to_the_configured_reply(fragile):
+def test_stage_that_raises_falls_back_to_the_configured_reply(triton_server):
     """The llm refuses a persona far beyond its context: the llm stage raises inside the
     turn, the avatar speaks the fallback reply and lists the error in the final response."""
     persona = " ".join(f"rule{n}x{n * 7}q" for n in range(360))[:3990]  # ~3000 tokens
     controls = json.dumps({"persona": persona, "max_tokens": 16})
     reply = call(
-        fragile.grpc_url, "avatar", {"text": strings("Hello"), "controls": strings(controls)}
+        triton_server.grpc_url, "avatar", {"text": strings("Hello"), "controls": strings(controls)}
     )
     assert reply.error is None, reply.error
     sentences = [r for r in reply.responses if r["kind"].reshape(-1)[0] == b"sentence"]
@@ -134,6 +136,7 @@ def test_stage_that_raises_falls_back_to_the_configured_reply(fragile):
     assert all(s["audio"].size > 0 for s in sentences)  # the fallback is spoken
 
 
+@pytest.mark.slow
 def test_tts_stub_killed_during_a_turn_ends_the_turn_with_its_error(fragile):
     url = fragile.grpc_url
     turn = {
@@ -152,22 +155,29 @@ def test_tts_stub_killed_during_a_turn_ends_the_turn_with_its_error(fragile):
     thread.join(timeout=180)
     assert result, "the turn never ended"
     reply = result[0]
+    sentence_errors = [
+        r["error"].reshape(-1)[0].decode() for r in reply.responses[:-1] if "error" in r
+    ]
+    print(f"turn: stream error {reply.error}; sentence errors {sentence_errors}")
     if reply.error is None:  # the turn ended with a final response naming the failure
         final = reply.responses[-1]
         assert final["kind"].reshape(-1)[0] == b"final"
-        sentence_errors = [r["error"].reshape(-1)[0] for r in reply.responses[:-1] if "error" in r]
         listed = json.loads(final["error"].reshape(-1)[0])
-        assert listed or any(sentence_errors), reply.responses
+        print(f"final errors: {listed}")
+        assert any("tts" in e for e in [*listed, *sentence_errors]), reply.responses
     else:
         assert "tts" in reply.error, reply.error
-    # the next turn is served once the stub is back
-    replies = _until_served(
-        url, "avatar", {"text": strings("Hi"), "controls": strings('{"max_tokens": 8}')}
-    )
-    final = replies[-1].responses[-1]
-    assert json.loads(final["error"].reshape(-1)[0]) == [] or len(replies) > 1
+    # turns are whole again once the supervisor has reloaded tts
+    clean, deadline = None, time.monotonic() + 60
+    hi = {"text": strings("Hi"), "controls": strings('{"max_tokens": 8}')}
+    while clean is None and time.monotonic() < deadline:
+        reply = call(url, "avatar", hi)
+        if reply.error is None and json.loads(reply.responses[-1]["error"].reshape(-1)[0]) == []:
+            clean = reply
+    assert clean is not None, "no clean turn within 60 s of the tts stub's death"
 
 
+@pytest.mark.slow
 def test_supervisor_restarts_a_server_that_died(fragile):
     url = fragile.grpc_url
     killed_at = time.monotonic()

@@ -56,6 +56,7 @@ def test_turns_beyond_the_admission_limit_are_refused_at_once(small):
     assert probe.gauge(values, "avatar", "turns") == 0
 
 
+@pytest.mark.slow
 def test_asr_requests_beyond_its_queue_are_refused_at_once(small):
     from avatar.audio import reference_speech
 

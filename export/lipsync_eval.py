@@ -4,8 +4,10 @@ The held-out set is the 105 'heldout' sentences of emotion_sentences.json (writt
 separately from the training sentences, never trained on), spoken by the same Piper
 voice with its default scales and unseen seeds. Conditions: clean; gain and noise;
 an 8 kHz band limit; and a "different speaker" made by resampling (pitch, formants and
-tempo x0.85 / x1.15, outside the x0.92-1.08 used in training). It is NOT a different
-voice or a human recording: those figures would likely be lower.
+tempo x0.85 / x1.15, outside the x0.92-1.08 used in training). A second set is the same
+held-out sentences from espeak-ng formant voices never trained on (EVAL_VOICES; other
+espeak voices are in the training data), labelled by espeak's own phoneme events. None is
+a human recording: those figures would likely be lower.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from avatar.animation import tables
 from avatar.animation.lipsync import animate_probs, decode_segments
 from avatar.animation.metrics import onset_errors
 from avatar.animation.pipeline import AnimationConfig
+from export import lipsync_espeak as espeak
 from export.lipsync_data import (
     FRAME_RATE,
     Augment,
@@ -50,6 +53,10 @@ CONDITIONS: dict[str, Augment] = {
     "8 kHz band limit": Augment(band="8k"),
     "other speaker x0.85 (lower, slower)": Augment(shift=0.85),
     "other speaker x1.15 (higher, faster)": Augment(shift=1.15),
+}
+ESPEAK_CONDITIONS: dict[str, Augment] = {
+    "espeak-ng unseen voices (m7, f4, m2, f5), clean": Augment(),
+    "espeak-ng unseen voices, white noise 15 dB SNR": Augment(snr_db=15.0),
 }
 Predict = Callable[[np.ndarray], np.ndarray]  # audio [n] at 16 kHz -> probs [T, 15]
 
@@ -195,6 +202,11 @@ def evaluate(weights: Path, fps: float = 30.0, limit: int | None = None) -> dict
     for name, aug in CONDITIONS.items():
         results[name] = run_condition(predict, utts, aug, fps)
         print("\n".join(report(name, results[name], fps)))
-    print("confusions (clean):")
-    print("\n".join(confusion_summary(results["clean"])))
+    other = espeak.speak(sentences("heldout")[:limit], espeak.EVAL_VOICES)
+    for name, aug in ESPEAK_CONDITIONS.items():
+        results[name] = run_condition(predict, other, aug, fps)
+        print("\n".join(report(name, results[name], fps)))
+    for name in ("clean", next(iter(ESPEAK_CONDITIONS))):
+        print(f"confusions ({name}):")
+        print("\n".join(confusion_summary(results[name])))
     return results

@@ -4,7 +4,8 @@
     python -m export.lipsync_train --evaluate   # held-out figures of the committed weights
 
 Data (export/lipsync_data.py): the 280 'train' sentences of emotion_sentences.json, each
-spoken twice with varied length/noise scales; every epoch pool draws AUG_COPIES
+spoken twice by Piper with varied length/noise scales and twice by espeak-ng formant
+voices (export/lipsync_espeak.py, TRAIN_VOICES, varied rate and pitch); every pool draws AUG_COPIES
 augmentations per utterance (pitch/tempo shift, gain, noise at 10-30 dB SNR, band
 limits). Log-mel features are computed once per pool (no gradient through the fixed
 front end); the network trains on random CROP-frame windows. Loss: cross-entropy on the
@@ -21,6 +22,7 @@ import time
 import numpy as np
 import torch
 
+from export import lipsync_espeak as espeak
 from export.lipsync_data import (
     Augment,
     Utterance,
@@ -34,7 +36,8 @@ from export.lipsync_model import WEIGHTS, LipsyncNet, parameter_count, save_weig
 log = logging.getLogger(__name__)
 
 SEED = 1234
-VARIANTS = 2  # spoken versions of each training sentence
+VARIANTS = 2  # Piper renditions of each training sentence
+ESPEAK_VARIANTS = 2  # espeak-ng renditions (voices, rates and pitches vary)
 AUG_COPIES = 2  # augmented copies per utterance in each pool
 POOLS = 3  # fresh augmentation draws over the run
 STEPS = 2000
@@ -86,6 +89,7 @@ def train(steps: int = STEPS) -> LipsyncNet:
     rng = np.random.default_rng(SEED)
     started = time.perf_counter()
     utts = load_or_synthesize(sentences("train"), VARIANTS, varied=True)
+    utts += espeak.speak(sentences("train") * ESPEAK_VARIANTS, espeak.TRAIN_VOICES, seed=SEED)
     log.info("%d training utterances, %.0f s of audio (%.0f s to load/synthesize)",
              len(utts), sum(u.duration for u in utts), time.perf_counter() - started)  # fmt: skip
     model = LipsyncNet()

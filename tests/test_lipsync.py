@@ -138,3 +138,17 @@ def test_mouth_closes_on_bilabials_of_heldout_speech(artifact: Path, heldout_spe
     # held-out set (105 sentences, python -m export.lipsync_train --evaluate): 85 % and 86 %
     assert found / bilabials >= 0.65, f"{found} of {bilabials} p/b/m found"
     assert real / closures >= 0.75, f"{closures - real} of {closures} closures are not p/b/m"
+
+
+def test_espeak_voice_gives_audio_and_phoneme_timings() -> None:
+    """The second synthesizer (evaluation's unseen voices) yields timed IPA phonemes."""
+    from export.lipsync_espeak import _name, speak
+
+    assert _name("ɑː".encode() + b"\x17\xfe\x01D") == "ɑː"  # stale bytes after the name
+    (utt,) = speak(["Bob bought a map."], ("en-us+m7",))
+    assert utt.rate == 22050 and 0.5 < utt.duration < 2.0
+    assert np.sqrt(np.mean(utt.audio**2)) > 0.01
+    assert utt.phonemes[0] == "." and utt.ends[-1] == pytest.approx(utt.duration)
+    assert np.all(np.diff(utt.starts) >= 0) and np.allclose(utt.starts[1:], utt.ends[:-1])
+    visemes = [s.viseme for s in label_segments(utt)]
+    assert visemes.count("PP") >= 3 and visemes[0] == "sil" and visemes[-1] == "sil"

@@ -1,11 +1,13 @@
-"""`python -m perf.overload`: drive the `avatar` model at 1x and at N x its admission
-capacity (closed loop, text turns) and print what overload does: how many turns are
-refused, how fast a refusal comes back, and the latency of the admitted turns against 1x.
+"""`python -m perf.overload`: drive a model at 1x and at N x its capacity (closed loop)
+and print what overload does: how many requests are refused, how fast a refusal comes
+back, and the latency of the admitted ones against 1x.
 
-Starts an embedded server with `max_active_turns` set to --capacity (every model of
-model_repository/), or drives a running one (--url; --capacity must then match its
-config). Refused clients wait --backoff seconds before trying again, as a client that
-honours UNAVAILABLE would.
+--model avatar (text turns): the server runs with `max_active_turns` = --capacity.
+--model asr (spoken questions): its queue policy holds at most --capacity requests
+(max_queue_size) besides the batch in progress; 1x load is --capacity clients.
+Starts an embedded server (every model of model_repository/), or drives a running one
+(--url; its config must then match --capacity). Refused clients wait --backoff seconds
+before trying again, as a client that honours UNAVAILABLE would.
 """
 
 from __future__ import annotations
@@ -56,7 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m perf.overload", description=__doc__)
     parser.add_argument("--url", help="gRPC address of a running server (default: start one)")
     parser.add_argument("--metrics-url", help="its /metrics address (refusal counter)")
-    parser.add_argument("--capacity", type=int, default=2, help="max_active_turns (1x load)")
+    parser.add_argument("--model", choices=("avatar", "asr"), default="avatar")
+    parser.add_argument(
+        "--capacity", type=int, default=2, help="avatar max_active_turns / asr max_queue_size"
+    )
     parser.add_argument("--factor", type=int, default=4, help="overload = factor x capacity")
     parser.add_argument("--seconds", type=float, default=60.0, help="per load level")
     parser.add_argument("--max-tokens", type=int, default=32)
@@ -73,13 +78,24 @@ def main(argv: list[str] | None = None) -> int:
 
             tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="overload-")))
             build_repository(tmp / "repository", "embedded")
-            probe.set_parameters(tmp / "repository", "avatar", max_active_turns=args.capacity)
+            if args.model == "avatar":
+                probe.set_parameters(tmp / "repository", "avatar", max_active_turns=args.capacity)
+            else:
+                probe.set_queue_policy(tmp / "repository", "asr", args.capacity, 30_000_000)
             server = stack.enter_context(
                 EmbeddedServer(ServerOptions(tmp / "repository", startup_timeout_s=600))
             )
             url, metrics_url = server.grpc_url, server.metrics_url
 
+        questions = []
+        if args.model == "asr":
+            from perf.soak import spoken_questions
+
+            questions = spoken_questions()
+
         def run(index: int) -> probe.Outcome:
+            if args.model == "asr":
+                return probe.transcribe(url, questions[index % len(questions)])
             return probe.turn(url, index, None, **controls)
 
         probe.closed_loop(1, 1.0, run)  # warm-up: caches, first-call costs
@@ -90,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             before = probe.refused(probe.metrics(metrics_url), "avatar") if metrics_url else 0
             outcomes = probe.closed_loop(clients, args.seconds, run, args.backoff)
             row = summarize(f"{factor}x ({clients} clients)", outcomes, args.seconds)
-            if metrics_url:
+            if metrics_url and args.model == "avatar":
                 row["server refused"] = int(
                     probe.refused(probe.metrics(metrics_url), "avatar") - before
                 )
@@ -98,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
             for outcome in outcomes:
                 if outcome.error and not outcome.refused:
                     log.warning("failed turn: %s", outcome.error[:200])
-    print(f"avatar overload, capacity {args.capacity} turns, {args.seconds:.0f} s per level")
+    what = "turns" if args.model == "avatar" else "queued requests"
+    print(f"{args.model} overload, capacity {args.capacity} {what}, {args.seconds:.0f} s per level")
     print(format_rows(rows))
     return 0
 

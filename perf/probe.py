@@ -161,6 +161,24 @@ def turn(url: str, index: int, audio: np.ndarray | None, **controls: Any) -> Out
     return Outcome(started, seconds, error, is_refusal(error), result.first_audio_s, kind)
 
 
+def transcribe(url: str, audio: np.ndarray) -> Outcome:
+    """One `asr` request (one gRPC call); failures are data, not raises."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    started = time.monotonic()
+    tensor = grpcclient.InferInput("audio", [1, audio.size], "FP32")
+    tensor.set_data_from_numpy(np.ascontiguousarray(audio, np.float32)[None])
+    try:
+        with grpcclient.InferenceServerClient(url) as client:
+            client.infer("asr", [tensor], client_timeout=300)
+        error = ""
+    except InferenceServerException as failure:
+        error = str(failure)
+    seconds = time.monotonic() - started
+    return Outcome(started, seconds, error, is_refusal(error), None, "audio")
+
+
 def closed_loop(
     clients: int,
     seconds: float,

@@ -18,15 +18,25 @@ from avatar.server import EmbeddedServer, ServerOptions
 from perf import probe
 
 pytestmark = pytest.mark.server
-MODELS = ["avatar", "llm", "llm_decoder", "tts", "tts_vits", "asr", "asr_encoder", "asr_decoder"]
+AVATAR_MODELS = ["avatar", "llm", "llm_decoder", "tts", "tts_vits"]
+ASR_MODELS = ["asr", "asr_encoder", "asr_decoder"]
 
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
-    """One avatar turn at a time; asr queues at most 2 requests."""
+    """One avatar turn at a time (text turns: no asr)."""
     repo: Path = tmp_path_factory.mktemp("overload") / "repository"
-    build_repository(repo, "embedded", MODELS)
+    build_repository(repo, "embedded", AVATAR_MODELS)
     probe.set_parameters(repo, "avatar", max_active_turns="1")
+    with EmbeddedServer(ServerOptions(repo, startup_timeout_s=600)) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def small_asr(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
+    """asr queues at most 2 requests besides the batch it runs."""
+    repo: Path = tmp_path_factory.mktemp("overload-asr") / "repository"
+    build_repository(repo, "embedded", ASR_MODELS)
     probe.set_queue_policy(repo, "asr", max_queue_size=2, timeout_us=30_000_000)
     with EmbeddedServer(ServerOptions(repo, startup_timeout_s=600)) as server:
         yield server
@@ -57,11 +67,12 @@ def test_turns_beyond_the_admission_limit_are_refused_at_once(small):
 
 
 @pytest.mark.slow
-def test_asr_requests_beyond_its_queue_are_refused_at_once(small):
+def test_asr_requests_beyond_its_queue_are_refused_at_once(small_asr):
     from avatar.audio import reference_speech
 
+    url = small_asr.grpc_url
     audio = reference_speech("Where is the lobby?")[None]
-    replies = _together(24, lambda _: call(small.grpc_url, "asr", {"audio": audio}))
+    replies = _together(24, lambda _: call(url, "asr", {"audio": audio}))
     refused = [r for r in replies if r.error is not None]
     served = [r for r in replies if r.error is None]
     assert refused and served, [r.error for r in replies]
@@ -71,4 +82,4 @@ def test_asr_requests_beyond_its_queue_are_refused_at_once(small):
     assert slowest_refusal < min(r.seconds for r in served), "refusals come before answers"
     assert all("lobby" in r.text("text").lower() for r in served)
     # the service is whole afterwards: one request alone is served
-    assert call(small.grpc_url, "asr", {"audio": audio}).error is None
+    assert call(url, "asr", {"audio": audio}).error is None

@@ -68,9 +68,9 @@ def _suite(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="perf-suite-")))
         url = _server(stack, args.url, tmp)
-        results = suite.run(url, args.models, args.concurrency, args.requests, tmp)
-    paths = suite.save(results, args.out)
-    sys.stdout.write(suite.format_table(results) + "\n")
+        results, failures = suite.run(url, args.models, args.concurrency, args.requests, tmp)
+    paths = suite.save(results, failures, args.out)
+    sys.stdout.write(suite.format_table(results, failures) + "\n")
     sys.stdout.write("saved: " + ", ".join(str(p) for p in paths) + "\n")
     return 0
 

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from perf.analyzer import SweepPoint, input_data_file, sweep
+from perf.analyzer import PerfAnalyzerError, SweepPoint, input_data_file, sweep
 from perf.inputs import SAMPLES, STREAMING
 
 log = logging.getLogger(__name__)
@@ -40,26 +40,38 @@ def run(
     concurrency: Sequence[int] | None,
     requests: int | None,
     workdir: Path,
-) -> list[SweepPoint]:
+) -> tuple[list[SweepPoint], list[str]]:
+    """(points, failures): a level perf_analyzer could not finish (e.g. requests refused by
+    a queue policy on a loaded machine) is reported, and the suite goes on."""
     points: list[SweepPoint] = []
+    failures: list[str] = []
     for model in models:
         data = input_data_file(SAMPLES[model](), workdir, f"{model}.json")
         levels = concurrency or CONCURRENCY.get(model, DEFAULT_CONCURRENCY)
-        # one warm-up request per client level 1 (first ORT runs, prefix caches)
-        sweep(url, model, [1], data, streaming=model in STREAMING, request_count=2)
-        points += sweep(
-            url,
-            model,
-            levels,
-            data,
-            streaming=model in STREAMING,
-            request_count=requests or REQUESTS[model],
-        )
+        streaming = model in STREAMING
+        for level in [0, *levels]:  # 0: two warm-up requests (first ORT runs, caches)
+            try:
+                got = sweep(
+                    url,
+                    model,
+                    [max(1, level)],
+                    data,
+                    streaming=streaming,
+                    request_count=2 if level == 0 else requests or REQUESTS[model],
+                )
+            except PerfAnalyzerError as error:
+                reason = str(error).strip().splitlines()[-1]
+                where = f"concurrency {level}" if level else "warm-up"
+                failures.append(f"{model} {where}: {reason}")
+                log.warning("suite: %s", failures[-1])
+                continue
+            if level:
+                points += got
         log.info("suite: %s done", model)
-    return points
+    return points, failures
 
 
-def format_table(points: Sequence[SweepPoint]) -> str:
+def format_table(points: Sequence[SweepPoint], failures: Sequence[str] = ()) -> str:
     lines = [
         "| model | concurrency | infer/s (c/mean) | infer/s (PA) | p50 ms | p95 ms | p99 ms "
         "| queue ms | compute ms | load |",
@@ -72,16 +84,19 @@ def format_table(points: Sequence[SweepPoint]) -> str:
             f"{p.p95_ms:.1f} | {p.p99_ms:.1f} | {p.server_queue_ms:.1f} | "
             f"{p.server_compute_ms:.1f} | {p.load_1m:.2f} |"
         )
+    if failures:
+        lines += ["", "Not measured:", *(f"- {f}" for f in failures)]
     return "\n".join(lines)
 
 
-def save(points: Sequence[SweepPoint], out: Path) -> list[Path]:
+def save(points: Sequence[SweepPoint], failures: Sequence[str], out: Path) -> list[Path]:
     """suite.csv/.json/.md, one throughput-latency PNG per model and one with all."""
     from perf.report import plot_throughput_latency, write_rows
 
     out = Path(out)
-    paths = [write_rows(points, out / "suite"), out / "suite.json", out / "suite.md"]
-    (out / "suite.md").write_text(format_table(points) + "\n")
+    meta = {"failures": list(failures)}
+    paths = [write_rows(points, out / "suite", meta), out / "suite.json", out / "suite.md"]
+    (out / "suite.md").write_text(format_table(points, failures) + "\n")
     series: dict[str, list[tuple[str, float, float]]] = {}
     for p in points:
         series.setdefault(p.model, []).append((f"c{p.concurrency}", p.served_per_s, p.p95_ms))

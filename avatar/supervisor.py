@@ -117,14 +117,21 @@ class Supervisor:
         else:
             current = stub_processes(self.server.pid or 0)
             for model, pids in sorted(self._known.items()):
-                if pids <= current.get(model, set()):
+                live = current.get(model, set())
+                if len(live) >= len(pids):  # all alive (or reloaded by model control)
+                    self._known[model] = live
                     continue
-                dead = sorted(pids - current.get(model, set()))
+                if not self._ready(model):  # unloaded on purpose: stop watching it
+                    del self._known[model]
+                    continue
+                dead = sorted(pids - live)
                 log.error("supervisor: stub %s of model %s died; reloading it", dead, model)
                 started = time.monotonic()
                 self._reload(model)
                 self._known[model] = stub_processes(self.server.pid or 0).get(model, set())
                 done.append(f"reloaded {model} in {time.monotonic() - started:.1f} s")
+            for model, pids in current.items():  # models loaded since the last round
+                self._known.setdefault(model, pids)
         for event in done:
             log.warning("supervisor: %s", event)
         self.events += done

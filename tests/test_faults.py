@@ -186,3 +186,28 @@ def test_supervisor_restarts_a_server_that_died(fragile):
     print(f"served again {time.monotonic() - killed_at:.1f} s after tritonserver was killed")
     assert "restarted tritonserver" in fragile.supervisor.events
     assert replies[-1].error is None and fragile.grpc_url == url
+
+
+@pytest.mark.slow
+def test_supervisor_leaves_a_deliberately_unloaded_model_alone(tmp_path):
+    """Model control still works under the supervisor: an unloaded model stays unloaded;
+    loaded again, it is watched again (its killed stub is reloaded)."""
+    import tritonclient.grpc as grpcclient
+
+    build_repository(tmp_path / "repository", "embedded", ["vad"])
+    options = ServerOptions(tmp_path / "repository", heal=True)
+    with (
+        EmbeddedServer(options) as server,
+        grpcclient.InferenceServerClient(server.grpc_url) as client,
+    ):
+        client.unload_model("vad")
+        time.sleep(3 * server.supervisor.every_s + 1)
+        assert not client.is_model_ready("vad") and server.supervisor.events == []
+        client.load_model("vad")
+        time.sleep(2 * server.supervisor.every_s + 0.5)  # a round notices the new stub
+        _kill_stub(server, "vad")
+        deadline = time.monotonic() + 30
+        while not server.supervisor.events and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert any(e.startswith("reloaded vad") for e in server.supervisor.events)
+        assert client.is_model_ready("vad")

@@ -121,11 +121,11 @@ def load_or_synthesize(
     key = hashlib.sha256(json.dumps([texts, variants, varied]).encode()).hexdigest()[:16]
     path = Path(cache or cache_root() / "lipsync_data") / f"{key}.npz"
     if path.is_file():
-        return _load(path)
+        return load_utterances(path)
     utts = speak(texts, variants, varied)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _save(path, utts)
-    return utts
+    save_utterances(path, utts)
+    return load_utterances(path)  # the same 16-bit audio as every later run
 
 
 def speak(texts: list[str], variants: int, varied: bool) -> list[Utterance]:
@@ -153,7 +153,7 @@ def speak(texts: list[str], variants: int, varied: bool) -> list[Utterance]:
     return out
 
 
-def _save(path: Path, utts: list[Utterance]) -> None:
+def save_utterances(path: Path, utts: list[Utterance]) -> None:
     lengths = np.array([u.audio.size for u in utts])
     counts = np.array([len(u.phonemes) for u in utts])
     pcm = np.concatenate([np.clip(u.audio, -1, 1) * 32767 for u in utts]).astype(np.int16)
@@ -166,7 +166,7 @@ def _save(path: Path, utts: list[Utterance]) -> None:
     )  # fmt: skip
 
 
-def _load(path: Path) -> list[Utterance]:
+def load_utterances(path: Path) -> list[Utterance]:
     with np.load(path) as npz:
         data = {name: npz[name] for name in npz.files}  # each npz[name] reads the file again
     a = np.concatenate([[0], np.cumsum(data["lengths"])])

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import ctypes
 import glob
+import hashlib
+import json
 import os
 import threading
 
 import numpy as np
 
-from export.lipsync_data import Utterance
+from export.lipsync_data import Utterance, load_utterances, save_utterances
 
 TRAIN_VOICES = ("en-us+m1", "en-us+f1", "en-us+m3", "en-us+f3", "en-us+m5", "en-us+m4")
 EVAL_VOICES = ("en-us+m7", "en-us+f4", "en-us+m2", "en-us+f5")  # never trained on
@@ -65,6 +67,27 @@ def _library() -> tuple[ctypes.CDLL, int]:
     return lib, rate
 
 
+def load_or_speak(
+    texts: list[str], voices: tuple[str, ...] = EVAL_VOICES, seed: int | None = None
+) -> list[Utterance]:
+    """`speak`, cached under the artifact cache (lipsync_data/espeak-<key>.npz).
+
+    espeak-ng adds noise of its own that no seed here controls, and its timing depends a
+    little on what it spoke before in the process: the cache makes training and the
+    evaluation repeatable; a fresh cache gives slightly different audio.
+    """
+    from export.common import cache_root
+
+    key = hashlib.sha256(json.dumps([texts, voices, seed]).encode()).hexdigest()[:16]
+    path = cache_root() / "lipsync_data" / f"espeak-{key}.npz"
+    if path.is_file():
+        return load_utterances(path)
+    utts = speak(texts, voices, seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_utterances(path, utts)
+    return load_utterances(path)  # the same 16-bit audio as every later run
+
+
 def speak(
     texts: list[str], voices: tuple[str, ...] = EVAL_VOICES, seed: int | None = None
 ) -> list[Utterance]:
@@ -98,9 +121,9 @@ def speak(
             rate_wpm, pitch = (175, 50) if seed is None else rng.integers((140, 25), (231, 76))
             lib.espeak_SetParameter(_RATE, int(rate_wpm), 0)
             lib.espeak_SetParameter(_PITCH, int(pitch), 0)
+            raw = text.encode()
             samples.clear()
             events.clear()
-            raw = text.encode()
             lib.espeak_Synth(raw, len(raw) + 1, 0, 0, 0, 0, None, None)
             audio = np.concatenate(samples).astype(np.float32) / 32768.0
             out.append(_utterance(text, audio, rate, list(events)))

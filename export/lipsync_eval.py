@@ -202,7 +202,7 @@ def evaluate(weights: Path, fps: float = 30.0, limit: int | None = None) -> dict
     for name, aug in CONDITIONS.items():
         results[name] = run_condition(predict, utts, aug, fps)
         print("\n".join(report(name, results[name], fps)))
-    other = espeak.speak(sentences("heldout")[:limit], espeak.EVAL_VOICES)
+    other = espeak.load_or_speak(sentences("heldout"), espeak.EVAL_VOICES)[:limit]
     for name, aug in ESPEAK_CONDITIONS.items():
         results[name] = run_condition(predict, other, aug, fps)
         print("\n".join(report(name, results[name], fps)))

@@ -89,7 +89,9 @@ def train(steps: int = STEPS) -> LipsyncNet:
     rng = np.random.default_rng(SEED)
     started = time.perf_counter()
     utts = load_or_synthesize(sentences("train"), VARIANTS, varied=True)
-    utts += espeak.speak(sentences("train") * ESPEAK_VARIANTS, espeak.TRAIN_VOICES, seed=SEED)
+    utts += espeak.load_or_speak(
+        sentences("train") * ESPEAK_VARIANTS, espeak.TRAIN_VOICES, seed=SEED
+    )
     log.info("%d training utterances, %.0f s of audio (%.0f s to load/synthesize)",
              len(utts), sum(u.duration for u in utts), time.perf_counter() - started)  # fmt: skip
     model = LipsyncNet()

@@ -206,6 +206,7 @@ class TritonPythonModel:
             return "superseded" if token.superseded else ""
 
         def close(response) -> None:
+            self._release()  # the slot is free before the client learns the turn ended
             with lock:
                 ended.set()
                 sender.send(response, flags=FINAL)
@@ -238,10 +239,14 @@ class TritonPythonModel:
                 pb_utils.Logger.log_warn(f"avatar: could not send the error: {send_error}")
         finally:
             self.turns.end(token)
-            with self.lock:
-                self.threads.discard(threading.current_thread())
-                self.active.set(len(self.threads))
+            self._release()
             self.sessions.set(self.turns.active())
+
+    def _release(self) -> None:
+        """This turn no longer counts against max_active_turns (idempotent)."""
+        with self.lock:
+            self.threads.discard(threading.current_thread())
+            self.active.set(len(self.threads))
 
     def _response(self, event: TurnEvent):
         if isinstance(event, TranscriptEvent):

@@ -259,9 +259,20 @@ class EmbeddedServer:
     def start(self) -> EmbeddedServer:
         if self._process is not None:
             raise ServerError("server already started")
+        try:
+            self._launch()
+        except BaseException:
+            self.stop()
+            raise
+        if self.options.heal and self.supervisor is None:
+            self.supervisor = Supervisor(self).start()
+        return self
+
+    def _launch(self) -> None:
+        """Start the process and wait until it is ready; on failure it is stopped again."""
         cmd = self.command()
         log.info("starting tritonserver: %s", " ".join(cmd))
-        with self.log_path.open("wb") as log_file:
+        with self.log_path.open("ab") as log_file:  # a restart appends
             self._process = subprocess.Popen(
                 cmd,
                 stdout=log_file,
@@ -272,18 +283,15 @@ class EmbeddedServer:
         try:
             self.wait_until_ready()
         except BaseException:
-            self.stop()
+            self._stop_process()
             raise
-        if self.options.heal and self.supervisor is None:
-            self.supervisor = Supervisor(self).start()
-        return self
 
     def restart(self) -> None:
         """Stop (if still running) and start again on the same ports. The new process gets
         SIGTERM when the thread that called this ends (PR_SET_PDEATHSIG is per thread): the
         supervisor's thread lives as long as the server it watches."""
         self._stop_process()
-        self.start()
+        self._launch()  # a failure raises and leaves it stopped: the supervisor tries again
 
     def log_tail(self, lines: int = 40) -> str:
         try:

@@ -184,7 +184,7 @@ def test_supervisor_restarts_a_server_that_died(fragile):
     os.kill(fragile.pid, signal.SIGKILL)
     replies = _until_served(url, "tts", HELLO, timeout_s=300)
     print(f"served again {time.monotonic() - killed_at:.1f} s after tritonserver was killed")
-    assert "restarted tritonserver" in fragile.supervisor.events
+    assert "restarted tritonserver" in fragile.supervisor.events, fragile.supervisor.events
     assert replies[-1].error is None and fragile.grpc_url == url
 
 

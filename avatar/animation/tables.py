@@ -96,6 +96,8 @@ MODIFIERS: dict[str, str] = {
     " ": "boundary",
 }  # fmt: skip
 PUNCTUATION: frozenset[str] = frozenset(".,;:!?¡¿—…\"'()-")
+# Piper's utterance begin / end / pad ids (piper-phonemize's ^ $ _): the silence around speech
+UTTERANCE_MARKS: frozenset[str] = frozenset("^$_")
 
 # Coarticulation dominance (Cohen & Massaro 1993): how strongly a viseme holds its shape
 # against its neighbours. Closures and labiodentals must be reached, vowels give way.

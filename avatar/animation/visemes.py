@@ -74,7 +74,7 @@ def _classify(symbol: str, duration: float, pause_threshold: float) -> str:
     """Viseme name, or a modifier kind from tables.MODIFIERS."""
     if symbol in tables.PHONEME_TO_VISEME:
         return tables.PHONEME_TO_VISEME[symbol]
-    if symbol in tables.PUNCTUATION:
+    if symbol in tables.PUNCTUATION or symbol in tables.UTTERANCE_MARKS:
         return "sil"
     kind = tables.MODIFIERS.get(symbol)
     if kind == "boundary":

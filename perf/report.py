@@ -72,14 +72,8 @@ def plot_throughput_latency(
     axes.set_yscale("log")
     if log_x:
         axes.set_xscale("log")
-    axes.set_title(title)
     axes.grid(True, which="both", alpha=0.3)
-    axes.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, axes, title, path)
 
 
 def plot_bars(groups: dict[str, dict[str, float]], path: Path, title: str, ylabel: str) -> Path:
@@ -94,8 +88,13 @@ def plot_bars(groups: dict[str, dict[str, float]], path: Path, title: str, ylabe
         axes.bar(xs, [groups[n].get(s, 0.0) for n in names], width, label=s)
     axes.set_xticks([j + width * (len(series) - 1) / 2 for j in range(len(names))], names)
     axes.set_ylabel(ylabel)
-    axes.set_title(title)
     axes.grid(True, axis="y", alpha=0.3)
+    return _save(plt, fig, axes, title, path)
+
+
+def _save(plt, fig, axes, title: str, path: Path) -> Path:
+    """Title, legend and layout, then write the PNG and free the figure."""
+    axes.set_title(title)
     axes.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

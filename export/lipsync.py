@@ -27,6 +27,7 @@ from export.common import (
     worst,
 )
 from export.lipsync_model import CLASSES, HOP, SAMPLE_RATE, WEIGHTS
+from export.onnx_edit import declare_output_dims
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,10 @@ class LipsyncRecipe(ArtifactRecipe):
     """Committed lipsync weights -> model.onnx (+ sidecar)."""
 
     name = "lipsync"
-    code_files = (Path(__file__).with_name("lipsync_model.py"),)
+    code_files = (
+        Path(__file__).with_name("lipsync_model.py"),
+        Path(__file__).with_name("onnx_edit.py"),
+    )
 
     def __init__(self, weights: Path = WEIGHTS):
         self.weights = Path(weights)
@@ -98,7 +102,7 @@ class LipsyncRecipe(ArtifactRecipe):
             opset_version=OPSET,
             dynamo=False,
         )
-        _fix_class_dim(path)
+        declare_output_dims(path, 0, {2: CLASSES})  # viseme_probs [batch, frames, 15]
         comparisons = verify(path, self.weights)
         inputs, outputs = describe_onnx(path)
         want_in, want_out = expected_specs()
@@ -119,18 +123,6 @@ class LipsyncRecipe(ArtifactRecipe):
                 "frames = samples // 160 + 1; viseme order avatar.animation.tables.VISEMES",
             ],
         )
-
-
-def _fix_class_dim(path: Path) -> None:
-    """Declare viseme_probs' last dim (15) fixed; the tracer may leave it symbolic."""
-    import onnx
-
-    model = onnx.load(str(path))
-    dim = model.graph.output[0].type.tensor_type.shape.dim[2]
-    dim.ClearField("dim_param")
-    dim.dim_value = CLASSES
-    onnx.checker.check_model(model)
-    onnx.save(model, str(path))
 
 
 def verify(path: Path, weights: Path = WEIGHTS) -> list:

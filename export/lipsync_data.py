@@ -20,8 +20,10 @@ import dataclasses
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -116,16 +118,25 @@ def load_or_synthesize(
     texts: list[str], variants: int = 1, varied: bool = True, cache: Path | None = None
 ) -> list[Utterance]:
     """Speak every text `variants` times with `controls_for`; cached as one npz per set."""
+    return cached_utterances(
+        "", [texts, variants, varied], lambda: speak(texts, variants, varied), cache
+    )
+
+
+def cached_utterances(
+    prefix: str, key: Any, make: Callable[[], list[Utterance]], cache: Path | None = None
+) -> list[Utterance]:
+    """`make()`, saved once as <cache>/lipsync_data/<prefix><hash of key>.npz and read back
+    from there, so every run (the first included) sees the same 16-bit audio."""
     from export.common import cache_root
 
-    key = hashlib.sha256(json.dumps([texts, variants, varied]).encode()).hexdigest()[:16]
-    path = Path(cache or cache_root() / "lipsync_data") / f"{key}.npz"
-    if path.is_file():
-        return load_utterances(path)
-    utts = speak(texts, variants, varied)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_utterances(path, utts)
-    return load_utterances(path)  # the same 16-bit audio as every later run
+    digest = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
+    path = Path(cache or cache_root() / "lipsync_data") / f"{prefix}{digest}.npz"
+    if not path.is_file():
+        utts = make()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_utterances(path, utts)
+    return load_utterances(path)
 
 
 def speak(texts: list[str], variants: int, varied: bool) -> list[Utterance]:

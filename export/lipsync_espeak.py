@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import ctypes
 import glob
-import hashlib
-import json
 import os
 import threading
 
 import numpy as np
 
-from export.lipsync_data import Utterance, load_utterances, save_utterances
+from export.lipsync_data import Utterance, cached_utterances
 
 TRAIN_VOICES = ("en-us+m1", "en-us+f1", "en-us+m3", "en-us+f3", "en-us+m5", "en-us+m4")
 EVAL_VOICES = ("en-us+m7", "en-us+f4", "en-us+m2", "en-us+f5")  # never trained on
@@ -76,16 +74,7 @@ def load_or_speak(
     little on what it spoke before in the process: the cache makes training and the
     evaluation repeatable; a fresh cache gives slightly different audio.
     """
-    from export.common import cache_root
-
-    key = hashlib.sha256(json.dumps([texts, voices, seed]).encode()).hexdigest()[:16]
-    path = cache_root() / "lipsync_data" / f"espeak-{key}.npz"
-    if path.is_file():
-        return load_utterances(path)
-    utts = speak(texts, voices, seed)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_utterances(path, utts)
-    return load_utterances(path)  # the same 16-bit audio as every later run
+    return cached_utterances("espeak-", [texts, voices, seed], lambda: speak(texts, voices, seed))
 
 
 def speak(

@@ -26,6 +26,7 @@ from export.common import (
     onnx_session,
     worst,
 )
+from export.onnx_edit import declare_output_dims
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ class RendererRecipe(ArtifactRecipe):
     """Face2D -> model.onnx (+ sidecar), checked against torch on unseen batch sizes."""
 
     name = "renderer"
-    code_files = (Path(__file__).with_name("face2d.py"),)
+    code_files = (Path(__file__).with_name("face2d.py"), Path(__file__).with_name("onnx_edit.py"))
 
     def __init__(self, size: int = SIZE):
         self.size = size
@@ -89,7 +90,7 @@ class RendererRecipe(ArtifactRecipe):
             opset_version=OPSET,
             dynamo=False,
         )
-        _fix_output_dims(path, self.size)
+        declare_output_dims(path, 0, {1: self.size, 2: self.size, 3: 3})  # frames
         comparisons = verify(path, self.size)
         inputs, outputs = describe_onnx(path)
         return Sidecar(
@@ -102,19 +103,6 @@ class RendererRecipe(ArtifactRecipe):
             validation={"outputs": worst(comparisons), "batches": [1, 5, 16]},
             notes=[f"{self.size}x{self.size} RGB uint8; blendshapes in ARKit-52 order"],
         )
-
-
-def _fix_output_dims(path: Path, size: int) -> None:
-    """The tracer names every output dim; declare the fixed ones (frames [batch, H, W, 3])."""
-    import onnx
-
-    model = onnx.load(str(path))
-    dims = model.graph.output[0].type.tensor_type.shape.dim
-    for dim, value in zip(dims[1:], (size, size, 3), strict=True):
-        dim.ClearField("dim_param")
-        dim.dim_value = value
-    onnx.checker.check_model(model)
-    onnx.save(model, str(path))
 
 
 def verify(path: Path, size: int = SIZE) -> list:

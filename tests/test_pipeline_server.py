@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+from grpc_calls import call, execution_counts, strings
 
 from avatar.animation.tables import EMOTIONS
 from clients.avatar_stream import stream_turn
@@ -45,11 +46,7 @@ def question() -> np.ndarray:
 
 
 def _stats(url: str, model: str) -> int:
-    import tritonclient.grpc as grpcclient
-
-    with grpcclient.InferenceServerClient(url) as client:
-        stats = client.get_inference_statistics(model, as_json=True)
-    return int(stats["model_stats"][0].get("execution_count", 0))
+    return execution_counts(url, [model])[model]
 
 
 def test_spoken_question_streams_transcript_sentences_and_timings(grpc_url, question):
@@ -157,25 +154,10 @@ def test_new_turn_on_same_session_supersedes_the_old_one(grpc_url):
 
 def _prompt_tokens(url: str, messages: list[dict]) -> int:
     """The prompt length the llm model counts for these messages (sent whole, no session)."""
-    import queue
-
-    import tritonclient.grpc as grpcclient
-
-    inputs = []
-    for name, value in (("messages", messages), ("sampling", {"max_tokens": 1})):
-        tensor = grpcclient.InferInput(name, [1], "BYTES")
-        tensor.set_data_from_numpy(np.array([json.dumps(value).encode()], dtype=object))
-        inputs.append(tensor)
-    results: queue.Queue = queue.Queue()
-    with grpcclient.InferenceServerClient(url) as client:
-        client.start_stream(callback=lambda result, error: results.put((result, error)))
-        client.async_stream_infer("llm", inputs)
-        while True:
-            result, error = results.get(timeout=60)
-            assert error is None, error
-            if result.as_numpy("finish_reason")[0]:
-                client.stop_stream()
-                return int(json.loads(result.as_numpy("stats")[0])["prompt_tokens"])
+    inputs = {"messages": messages, "sampling": {"max_tokens": 1}}
+    reply = call(url, "llm", {k: strings(json.dumps(v)) for k, v in inputs.items()})
+    assert reply.error is None, reply.error
+    return int(json.loads(reply.text("stats", -1))["prompt_tokens"])
 
 
 def test_render_control_streams_video_frames_with_the_blendshapes(grpc_url):

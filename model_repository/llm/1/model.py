@@ -151,18 +151,10 @@ class _Stream:
 
 
 def _text(request, name: str, optional: bool = False) -> str:
-    array = bls.input_array(request, name, optional=True)
-    if array is None:
-        if not optional:
-            raise RequestError(f"missing input {name!r} (required unless stop is true)")
-        return ""
-    value = array.reshape(-1)[0]
-    if not isinstance(value, bytes):
-        return str(value)
-    try:
-        return value.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise RequestError(f"input {name!r} is not valid UTF-8: {error}") from None
+    value = bls.input_text(request, name, optional=True)  # RequestError on invalid UTF-8
+    if value is None and not optional:
+        raise RequestError(f"missing input {name!r} (required unless stop is true)")
+    return value or ""
 
 
 def _flag(request, name: str) -> bool:
@@ -172,9 +164,7 @@ def _flag(request, name: str) -> bool:
 
 def _spoken(request) -> str | None:
     """The `spoken` input, or None when absent (the memory is left as generated)."""
-    if bls.input_array(request, "spoken", optional=True) is None:
-        return None
-    return _text(request, "spoken")
+    return bls.input_text(request, "spoken", optional=True)
 
 
 def _response(text: str, sentence: str, finish: str, stats: str):

@@ -10,7 +10,7 @@ artifacts: setup
 demo: artifacts
 	$(PY) -m avatar demo
 test: artifacts
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest -m "not slow" --durations=25
 lint: setup
 	$(VENV)/bin/ruff format --check . && $(VENV)/bin/ruff check .
 perf: artifacts

@@ -1,5 +1,5 @@
 import sys
 
-from avatar.cli import main
+from avatar.serving.cli import main
 
 sys.exit(main())

@@ -2,6 +2,9 @@
 
 `stream_turn` sends audio or text, collects every response as a plain dict, measures the
 client-side time to first audio and first frame, and can cancel the stream (barge-in).
+It never waits without bound: a stream silent for `silence_s` (a server that lost the turn,
+e.g. a stub that died) or longer than `timeout_s` in all is cancelled and the turn returns
+with an error saying so.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ class TurnResult:
     transcript: str = ""
     sentences: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     final: dict[str, Any] = dataclasses.field(default_factory=dict)
-    error: str = ""  # the stream's error (a rejected request or a failed turn)
+    error: str = ""  # the stream's error (a rejected request, a failed or abandoned turn)
     first_audio_s: float | None = None  # client side, from sending the request
     first_frame_s: float | None = None
     total_s: float = 0.0
@@ -97,9 +100,14 @@ def stream_turn(
     on_response: Callable[[dict[str, Any]], None] | None = None,
     cancel_when: Callable[[dict[str, Any]], bool] | None = None,
     timeout_s: float = 300.0,
+    silence_s: float = 60.0,
     model: str = "avatar",
 ) -> TurnResult:
-    """Run one turn; `cancel_when(response)` True closes the stream with cancel_requests."""
+    """Run one turn; `cancel_when(response)` True closes the stream with cancel_requests.
+
+    The turn is abandoned (stream cancelled, `error` set) when no response came for
+    `silence_s` or the turn ran longer than `timeout_s`. The server's own stage limits
+    (llm_timeout_s, tts_timeout_s: 30 s) keep a healthy turn's gaps well below 60 s."""
     import tritonclient.grpc as grpcclient
 
     inputs = []
@@ -125,27 +133,43 @@ def stream_turn(
         callback=lambda result, error: results.put((result, error)), headers=headers
     )
     started = time.perf_counter()
+    ended = False  # the server closed the stream (final response or error)
     try:
         client.async_stream_infer(model, inputs, enable_empty_final_response=True)
         while True:
-            result, error = results.get(timeout=timeout_s)
+            left = timeout_s - (time.perf_counter() - started)
+            try:
+                result, error = results.get(timeout=max(0.0, min(silence_s, left)))
+            except queue.Empty:
+                turn.error = _abandoned(model, silence_s, timeout_s, left)
+                break
             if error is not None:
-                turn.error = str(error)
+                turn.error, ended = str(error), True
                 break
             response = _decode(result)
             _collect(turn, response, time.perf_counter() - started)
             if on_response is not None and response:
                 on_response(response)
             if cancel_when is not None and response and cancel_when(response):
-                client.stop_stream(cancel_requests=True)
                 break
             if result.get_response().parameters["triton_final_response"].bool_param:
+                ended = True
                 break
     finally:
         turn.total_s = time.perf_counter() - started
-        client.stop_stream()
+        # closing a stream the server has not ended waits for its end: cancel it instead
+        client.stop_stream(cancel_requests=not ended)
         client.close()
     return turn
+
+
+def _abandoned(model: str, silence_s: float, timeout_s: float, left: float) -> str:
+    if left <= silence_s:
+        return f"{model}: the turn took longer than {timeout_s:g} s; stream cancelled"
+    return (
+        f"{model}: no response for {silence_s:g} s (the server may have lost the turn, "
+        "e.g. its model restarted); stream cancelled"
+    )
 
 
 def _collect(turn: TurnResult, response: dict[str, Any], elapsed: float) -> None:

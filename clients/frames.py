@@ -1,5 +1,5 @@
 """Frames for the MP4 of a reply: the server's video when a renderer model is served,
-else the project's 2D face (export.face2d, torch) drawn here from the blendshapes, else a
+else the project's 2D face (networks.face2d, torch) drawn here from the blendshapes, else a
 plain mouth drawn with numpy so that a client without torch still shows the lips move."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def draw_face(blendshapes: np.ndarray, head_pose: np.ndarray, size: int = 256) -
     try:
         import torch
 
-        from export.face2d import Face2D
+        from networks.face2d import Face2D
     except ImportError as error:
         log.warning("2D face renderer unavailable (%s); drawing a plain mouth", error)
         return _mouth(blendshapes, size)

@@ -29,7 +29,7 @@ from avatar.audio import read_wav, resample
 log = logging.getLogger(__name__)
 
 SAMPLE_RATE = 16000
-HOP = 160  # samples per model frame (export/lipsync_model.py)
+HOP = 160  # samples per model frame (networks/lipsync.py)
 WINDOW_S = 2.0
 CONTEXT_S = 0.5  # >= the receptive field (0.33 s) plus half an STFT window
 MAX_BATCH = 16  # windows per request: model_repository/lipsync/config.pbtxt max_batch_size

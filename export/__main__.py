@@ -20,6 +20,11 @@ def main(argv: list[str] | None = None) -> int:
     build = sub.add_parser("build", help="build artifacts (skips those already cached)")
     build.add_argument("models", nargs="*", help=f"default: all of {sorted(RECIPES)}")
     build.add_argument("--force", action="store_true", help="rebuild even if cached")
+    build.add_argument(
+        "--variants",
+        action="store_true",
+        help="also the precision variants (ASR INT8/FP16, LLM int4) for reports and engines",
+    )
     sub.add_parser("list", help="list the known recipes")
     engines = sub.add_parser(
         "engines", help="TensorRT engines (verified) + production repository; needs TensorRT"
@@ -53,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown models {unknown}; known: {sorted(RECIPES)}")
     started = time.monotonic()
-    folders = ensure_all(args.models or None, force=args.force)
+    folders = ensure_all(args.models or None, force=args.force, variants=args.variants)
     for name, folder in folders.items():
         log.info("%-14s %s", name, folder)
     log.info(
@@ -66,9 +71,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _engines(args: argparse.Namespace, log: logging.Logger) -> int:
-    from avatar.deployment import SOURCE_REPOSITORY
-    from export.engine import TensorRTMissingError
-    from export.engines import EngineVerificationError, build_all
+    from avatar.serving.deployment import SOURCE_REPOSITORY
+    from export.tensorrt.build import EngineVerificationError, build_all
+    from export.tensorrt.engine import TensorRTMissingError
 
     try:
         records = build_all(

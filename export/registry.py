@@ -4,6 +4,7 @@ building one stage does not import the heavy dependencies of the others."""
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,27 +12,36 @@ from export.common import ArtifactRecipe
 
 # "model name as in model_repository/": "module:factory"
 RECIPES: dict[str, str] = {
-    "asr_encoder": "export.asr:EncoderRecipe",
-    "asr_decoder": "export.asr:DecoderRecipe",
-    "vad": "export.vad:VadRecipe",
-    "tts_vits": "export.tts:VitsRecipe",
-    "llm_decoder": "export.llm:LlmDecoderRecipe",
-    "renderer": "export.renderer:RendererRecipe",
-    "lipsync": "export.lipsync:LipsyncRecipe",
+    "asr_encoder": "export.asr.recipe:EncoderRecipe",
+    "asr_decoder": "export.asr.recipe:DecoderRecipe",
+    "vad": "export.vad.recipe:VadRecipe",
+    "tts_vits": "export.tts.recipe:VitsRecipe",
+    "llm_decoder": "export.llm.recipe:LlmDecoderRecipe",
+    "renderer": "export.renderer.recipe:RendererRecipe",
+    "lipsync": "export.lipsync.recipe:LipsyncRecipe",
+    "emotion_encoder": "export.emotion.recipe:EmotionEncoderRecipe",
 }
 
 
-def recipe(name: str) -> ArtifactRecipe:
+def recipe(name: str, variants: bool = False) -> ArtifactRecipe:
+    """The recipe of `name`; `variants`: also its precision variants, where it has any
+    (ASR INT8/FP16, LLM int4), which only reports and engine builds read."""
     try:
         module_name, factory = RECIPES[name].split(":")
     except KeyError:
         raise KeyError(f"no export recipe for model {name!r}; known: {sorted(RECIPES)}") from None
-    make: Callable[[], ArtifactRecipe] = getattr(importlib.import_module(module_name), factory)
+    make: Callable[..., ArtifactRecipe] = getattr(importlib.import_module(module_name), factory)
+    if variants and "variants" in inspect.signature(make).parameters:
+        return make(variants=True)
     return make()
 
 
-def ensure_all(names: list[str] | None = None, force: bool = False) -> dict[str, Path]:
+def ensure_all(
+    names: list[str] | None = None, force: bool = False, variants: bool = False
+) -> dict[str, Path]:
     """Build (or find in the cache) the artifacts of `names` (default: every recipe)."""
     from export.common import ensure
 
-    return {name: ensure(recipe(name), force=force) for name in (names or sorted(RECIPES))}
+    return {
+        name: ensure(recipe(name, variants), force=force) for name in (names or sorted(RECIPES))
+    }

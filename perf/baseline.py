@@ -120,6 +120,7 @@ class NaiveAvatar:
         from avatar.tts.voice import packaged_voice
         from export.common import onnx_session
         from export.registry import ensure_all
+        from training.emotion.encoder import SentenceEncoder
 
         art = ensure_all(["asr_encoder", "asr_decoder", "llm_decoder", "tts_vits", "renderer"])
         self.asr = OnnxWhisperRuntime(
@@ -134,7 +135,7 @@ class NaiveAvatar:
         self.synth = Synthesizer(
             Phonemizer(voice.config), onnx_infer(onnx_session(art["tts_vits"] / "model.onnx"))
         )
-        self.emotions = EmotionClassifier.load()
+        self.emotions = EmotionClassifier.load(encoder=SentenceEncoder().encode)
         self.renderer = onnx_session(art["renderer"] / "model.onnx") if render else None
 
     def _engine(self, max_tokens: int):

@@ -45,15 +45,6 @@ def summarize(label: str, outcomes: list[probe.Outcome], seconds: float) -> dict
     }
 
 
-def format_rows(rows: list[dict]) -> str:
-    keys = list(rows[0])
-    cells = [[f"{r[k]:.2f}" if isinstance(r[k], float) else str(r[k]) for k in keys] for r in rows]
-    widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
-    lines = ["  ".join(k.rjust(w) for k, w in zip(keys, widths, strict=True))]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m perf.overload", description=__doc__)
     parser.add_argument("--url", help="gRPC address of a running server (default: start one)")
@@ -73,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         url, metrics_url = args.url, args.metrics_url
         if url is None:
-            from avatar.deployment import build_repository
-            from avatar.server import EmbeddedServer, ServerOptions
+            from avatar.serving.deployment import build_repository
+            from avatar.serving.server import EmbeddedServer, ServerOptions
 
             tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="overload-")))
             build_repository(tmp / "repository", "embedded")
@@ -89,9 +80,7 @@ def main(argv: list[str] | None = None) -> int:
 
         questions = []
         if args.model == "asr":
-            from perf.soak import spoken_questions
-
-            questions = spoken_questions()
+            questions = probe.spoken_questions()
 
         def run(index: int) -> probe.Outcome:
             if args.model == "asr":
@@ -116,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
                     log.warning("failed turn: %s", outcome.error[:200])
     what = "turns" if args.model == "avatar" else "queued requests"
     print(f"{args.model} overload, capacity {args.capacity} {what}, {args.seconds:.0f} s per level")
-    print(format_rows(rows))
+    print(probe.format_rows(rows))
     return 0
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from avatar.supervisor import stub_processes
+from avatar.serving.supervisor import stub_processes
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
@@ -81,7 +81,7 @@ def set_parameters(repository: Path, model: str, **values: str) -> None:
     """Write `parameters` of a materialised model's config.pbtxt (e.g. max_active_turns)."""
     from google.protobuf import text_format
 
-    from avatar.repository import parse_config
+    from avatar.serving.repository import parse_config
 
     path = repository / model / "config.pbtxt"
     config = parse_config(path)
@@ -94,7 +94,7 @@ def set_queue_policy(repository: Path, model: str, max_queue_size: int, timeout_
     """Rewrite a batched model's dynamic_batching.default_queue_policy (REJECT on timeout)."""
     from google.protobuf import text_format
 
-    from avatar.repository import parse_config
+    from avatar.serving.repository import parse_config
 
     path = repository / model / "config.pbtxt"
     config = parse_config(path)
@@ -134,8 +134,11 @@ def is_refusal(error: str) -> bool:
     return "server busy" in text or "exceeds maximum queue size" in text
 
 
-def turn(url: str, index: int, audio: np.ndarray | None, **controls: Any) -> Outcome:
-    """One `avatar` turn: text, or `audio` when given; failures are data, not raises."""
+def turn(
+    url: str, index: int, audio: np.ndarray | None, timeout_s: float = 300.0, **controls: Any
+) -> Outcome:
+    """One `avatar` turn: text, or `audio` when given; failures are data, not raises. A
+    turn longer than `timeout_s` (or silent for 60 s) is cancelled and fails."""
     import json
 
     from clients.avatar_stream import stream_turn
@@ -144,10 +147,10 @@ def turn(url: str, index: int, audio: np.ndarray | None, **controls: Any) -> Out
     kind = "audio" if audio is not None else "text"
     try:
         if audio is not None:
-            result = stream_turn(url, audio=audio, controls=controls, timeout_s=300)
+            result = stream_turn(url, audio=audio, controls=controls, timeout_s=timeout_s)
         else:
             question = QUESTIONS[index % len(QUESTIONS)]
-            result = stream_turn(url, text=question, controls=controls, timeout_s=300)
+            result = stream_turn(url, text=question, controls=controls, timeout_s=timeout_s)
     except Exception as error:  # a broken stream, a timeout
         return Outcome(started, time.monotonic() - started, f"{type(error).__name__}: {error}",
                        False, None, kind)  # fmt: skip
@@ -184,16 +187,22 @@ def closed_loop(
     seconds: float,
     run: Callable[[int], Outcome],
     refused_backoff_s: float = 0.25,
+    *,
+    outcomes: list[Outcome] | None = None,
+    stop: threading.Event | None = None,
 ) -> list[Outcome]:
     """`clients` threads each run turns back to back for `seconds`; a refused client waits
-    `refused_backoff_s` (as a client honouring UNAVAILABLE would) before it tries again."""
-    outcomes: list[Outcome] = []
+    `refused_backoff_s` (as a client honouring UNAVAILABLE would) before it tries again.
+    Outcomes are appended to `outcomes` as they end (so a caller interrupted meanwhile
+    still has them); `stop` set ends the load after the turns in flight."""
+    outcomes = [] if outcomes is None else outcomes
     lock = threading.Lock()
     deadline = time.monotonic() + seconds
+    stop = stop or threading.Event()
 
     def client(number: int) -> None:
         index = number
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not stop.is_set():
             outcome = run(index)
             with lock:
                 outcomes.append(outcome)
@@ -207,6 +216,24 @@ def closed_loop(
     for thread in threads:
         thread.join()
     return outcomes
+
+
+def spoken_questions(count: int = 3) -> list[np.ndarray]:
+    """The first `count` QUESTIONS in the packaged voice, 0.25 s of silence around each."""
+    from avatar.audio import reference_speech
+
+    silence = np.zeros(4000, np.float32)
+    return [np.concatenate([silence, reference_speech(q), silence]) for q in QUESTIONS[:count]]
+
+
+def format_rows(rows: list[dict]) -> str:
+    """A right-aligned text table of dict rows (floats with 2 decimals)."""
+    keys = list(rows[0])
+    cells = [[f"{r[k]:.2f}" if isinstance(r[k], float) else str(r[k]) for k in keys] for r in rows]
+    widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
+    lines = ["  ".join(k.rjust(w) for k, w in zip(keys, widths, strict=True))]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
+    return "\n".join(lines)
 
 
 def percentile(values: Sequence[float], q: float) -> float:

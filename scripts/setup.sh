@@ -9,9 +9,6 @@ PYTHON=${PYTHON:-python3}
 # libb64-0d: perf_analyzer (tritonclient wheel) links against it.
 missing_debs=()
 ldconfig -p | grep -q 'libb64.so.0d' || missing_debs+=(libb64-0d)
-# docker-compose (1.29.2): CI validates docker-compose.yml with `docker-compose config -q`,
-# which needs no Docker engine (tests/test_deploy.py).
-command -v docker-compose >/dev/null || missing_debs+=(docker-compose)
 if ((${#missing_debs[@]})); then
   sudo_cmd=()
   [ "$(id -u)" = 0 ] || sudo_cmd=(sudo)

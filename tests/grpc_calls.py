@@ -64,6 +64,7 @@ def call(
     started = time.perf_counter()
     responses: list[dict[str, np.ndarray]] = []
     error = None
+    ended = False  # the server closed the stream; else closing it must cancel it
     try:
         client.start_stream(
             callback=lambda result, error: results.put((result, error)), headers=dict(headers or {})
@@ -78,20 +79,24 @@ def call(
             except queue.Empty:
                 return Reply([], str(refused), time.perf_counter() - started)
         while True:
-            result, err = results.get(timeout=timeout_s)
+            try:
+                result, err = results.get(timeout=timeout_s)
+            except queue.Empty:
+                error = f"no response for {timeout_s:g} s; stream cancelled"
+                break
             if err is not None:
-                error = str(err)
+                error, ended = str(err), True
                 break
             response = result.get_response()
             if response.outputs:
                 responses.append({o.name: result.as_numpy(o.name) for o in response.outputs})
             if cancel_after and len(responses) >= cancel_after:
-                client.stop_stream(cancel_requests=True)
                 break
             if response.parameters["triton_final_response"].bool_param:
+                ended = True
                 break
     finally:
-        client.stop_stream()
+        client.stop_stream(cancel_requests=not ended)
         client.close()
     return Reply(responses, error, time.perf_counter() - started)
 

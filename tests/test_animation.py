@@ -148,3 +148,16 @@ def test_gestures_from_words_and_emotion():
 def test_bad_requests_raise_request_error(config, phonemes):
     with pytest.raises(RequestError):
         animate(phonemes, config)
+
+
+def test_write_png_is_lossless(tmp_path):
+    import av
+
+    from avatar.animation.video import write_png
+
+    image = (np.random.default_rng(0).random((37, 53, 3)) * 255).astype(np.uint8)
+    path = write_png(tmp_path / "frame.png", image)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with av.open(str(path)) as container:
+        decoded = next(container.decode(video=0)).to_ndarray(format="rgb24")
+    assert np.array_equal(decoded, image)

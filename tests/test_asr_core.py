@@ -15,7 +15,7 @@ from avatar.errors import RequestError
 
 @pytest.fixture(scope="module")
 def vocab() -> WhisperVocab:
-    from export.asr_weights import packaged_ct2_dir
+    from export.asr.weights import packaged_ct2_dir
 
     folder = packaged_ct2_dir()
     return WhisperVocab.load(folder / "tokenizer.json", folder / "config.json")
@@ -23,7 +23,7 @@ def vocab() -> WhisperVocab:
 
 @pytest.fixture(scope="module")
 def speech() -> np.ndarray:
-    from export.asr_clips import synthesize
+    from export.asr.clips import synthesize
 
     return synthesize("What time does the museum open on Sunday?")
 
@@ -137,3 +137,25 @@ def test_long_audio_is_cut_in_pauses_into_windows():
         (10.05, 20.0),
     ]
     assert plan_pieces([], 10.0) == []
+
+
+def test_long_audio_is_transcribed_at_most_max_batch_pieces_at_a_time(monkeypatch):
+    """Was: every piece in one batch, past max_batch_size 8 beyond ~240 s (review)."""
+    from avatar.asr import long_form
+    from avatar.asr.transcribe import Segment, Transcript
+
+    calls: list[int] = []
+
+    def fake_transcribe(runtime, vocab, clips, options):
+        calls.append(len(clips))
+        return [
+            Transcript(f" piece{len(calls)}.{i}", "en", 1.0, [Segment(0.0, 1.0, f" p{i}")], 1.0)
+            for i in range(len(clips))
+        ]
+
+    monkeypatch.setattr(long_form, "transcribe", fake_transcribe)
+    speech = [(40.0 * k, 40.0 * k + 25.0) for k in range(10)]  # 400 s, a pause every 40 s
+    audio = np.zeros(400 * 16000, np.float32)
+    result = long_form.transcribe_long(None, None, audio, speech, max_batch=8)
+    assert calls == [8, 2]
+    assert [round(s.start) for s in result.segments] == [round(40 * k - 0.2) for k in range(10)]

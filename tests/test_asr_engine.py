@@ -8,12 +8,12 @@ import shutil
 import pytest
 
 from avatar.sidecar import Sidecar, TensorSpec
-from export.asr_engine import Profile, build_engine, trtexec_command
+from export.asr.engine import Profile, build_engine, trtexec_command
 
 
 @pytest.fixture(scope="module")
 def sidecars() -> dict[str, Sidecar]:
-    from export.asr import build_all
+    from export.asr.recipe import build_all
 
     return {Sidecar.load(folder).model: Sidecar.load(folder) for folder in build_all()}
 
@@ -49,7 +49,7 @@ def test_unknown_axis_and_precision_are_errors(tmp_path):
 @pytest.mark.tensorrt
 @pytest.mark.skipif(shutil.which("trtexec") is None, reason="TensorRT (trtexec) is not installed")
 def test_build_engines():
-    from export.asr import build_all
+    from export.asr.recipe import build_all
 
     for folder in build_all():
         assert build_engine(folder).stat().st_size > 1_000_000

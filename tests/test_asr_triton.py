@@ -8,8 +8,8 @@ import concurrent.futures
 import numpy as np
 import pytest
 
-from export.asr_clips import clips
-from export.asr_report import reference_transcripts
+from export.asr.clips import clips
+from export.asr.report import reference_transcripts
 
 pytestmark = pytest.mark.server
 
@@ -95,7 +95,7 @@ def test_bad_requests_get_clear_errors(grpc_url, audio, rate, language, message)
 
 
 def test_long_audio_windows_and_vad(grpc_url):
-    from export.asr_report import long_clip, wer
+    from export.asr.report import long_clip, wer
 
     clip = long_clip(clips()[:12])
     reference = reference_transcripts([clip])[0]

@@ -9,16 +9,18 @@ from avatar.animation import tables
 from avatar.animation.emotion import emotion_vector
 from avatar.animation.emotion_classifier import WEIGHTS_PATH, EmotionClassifier
 from avatar.errors import RequestError
-from export.emotion_train import load_sentences
+from training.emotion.train import load_sentences
 
-# Measured 0.886 (93/105) by `python -m export.emotion_train --evaluate`; margin for
+# Measured 0.886 (93/105) by `python -m training.emotion.train --evaluate`; margin for
 # numerical drift across torch/transformers versions and CPUs.
 HELDOUT_ACCURACY_MIN = 0.80
 
 
 @pytest.fixture(scope="module")
 def classifier() -> EmotionClassifier:
-    return EmotionClassifier.load()
+    from training.emotion.encoder import SentenceEncoder
+
+    return EmotionClassifier.load(encoder=SentenceEncoder().encode)
 
 
 def test_weights_are_small_and_match_the_facs_table(classifier: EmotionClassifier) -> None:
@@ -75,3 +77,27 @@ def test_bad_input_is_a_request_error(classifier: EmotionClassifier, text: objec
 
 def test_empty_batch(classifier: EmotionClassifier) -> None:
     assert classifier.predict_batch([]) == []
+
+
+def test_served_encoder_export_matches_pytorch() -> None:
+    """The `emotion_encoder` artifact: verified at export (embeddings within 1e-4 of
+    PyTorch, every held-out label the same), and the runtime tokenizer gives the ids
+    transformers gives."""
+    from transformers import AutoTokenizer
+
+    from avatar.animation.emotion_classifier import SentenceTokenizer, model_dir
+    from avatar.sidecar import Sidecar
+    from export.registry import ensure_all
+
+    folder = ensure_all(["emotion_encoder"])["emotion_encoder"]
+    validation = Sidecar.load(folder).validation
+    held = len(load_sentences()["heldout"][0])
+    assert validation["heldout_labels_same"] == f"{held}/{held}"
+    assert validation["outputs"]["embedding"]["max_abs"] <= 1e-4
+    texts = ["Hi!", "The lobby is on the left, next to the elevators. Ça va?"]
+    ours = SentenceTokenizer()(texts)
+    theirs = AutoTokenizer.from_pretrained(str(model_dir()), local_files_only=True)(
+        texts, padding=True, truncation=True, max_length=128, return_tensors="np"
+    )
+    assert np.array_equal(ours["input_ids"], theirs["input_ids"])
+    assert np.array_equal(ours["attention_mask"], theirs["attention_mask"])

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
-from avatar.deployment import SOURCE_REPOSITORY, model_names
-from avatar.repository import (
+from avatar.serving.deployment import SOURCE_REPOSITORY, model_names
+from avatar.serving.repository import (
     ENGINE_RECORD,
     MissingArtifactError,
     embedded_config,
@@ -24,13 +24,13 @@ from avatar.repository import (
     platform_of,
 )
 from avatar.sidecar import Sidecar, TensorSpec
-from export import engine, engines
 from export.common import Tolerance, onnx_session
-from export.engines import STAGES, EngineVerificationError, Stage
+from export.tensorrt import build, engine
+from export.tensorrt.build import STAGES, EngineVerificationError, Stage
 
 HAS_TRTEXEC = shutil.which("trtexec") is not None
 NO_TENSORRT = "TensorRT (trtexec) is not installed: engines are built on the GPU host"
-ENGINE_MODELS = engines.engine_models(SOURCE_REPOSITORY)
+ENGINE_MODELS = build.engine_models(SOURCE_REPOSITORY)
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +42,13 @@ def artifacts() -> dict[str, Path]:
 
 def _config(name: str) -> mc.ModelConfig:
     return parse_config(SOURCE_REPOSITORY / name / "config.pbtxt")
+
+
+def _text(name: str) -> str:
+    return (SOURCE_REPOSITORY / name / "config.pbtxt").read_text()
+
+
+CPU_IN_PRODUCTION = {"vad", "emotion_encoder"}
 
 
 # ----------------------------------------------------------------- production configs
@@ -56,8 +63,9 @@ def test_heavy_stages_are_tensorrt_engines() -> None:
 def test_production_instance_groups(name: str) -> None:
     config = _config(name)
     kinds = {g.kind for g in config.instance_group}
-    if name == "vad":  # deliberately on the CPU in production (see its config)
+    if name in CPU_IN_PRODUCTION:  # small per-chunk/per-sentence work, see their configs
         assert kinds == {mc.ModelInstanceGroup.KIND_CPU}
+        assert "# Production too: ONNX Runtime on the CPU" in _text(name)
         return
     assert kinds == {mc.ModelInstanceGroup.KIND_GPU}
     if platform_of(config) == "onnxruntime_onnx":  # a graph TensorRT cannot take whole
@@ -65,8 +73,7 @@ def test_production_instance_groups(name: str) -> None:
         assert accelerator.name == "tensorrt"
         assert accelerator.parameters["precision_mode"] in ("FP16", "FP32")
         assert accelerator.parameters["trt_engine_cache_path"].startswith("/cache/")
-    text = (SOURCE_REPOSITORY / name / "config.pbtxt").read_text()
-    assert "# Production:" in text, "the production choice is explained in the config"
+    assert "# Production:" in _text(name), "the production choice is explained in the config"
 
 
 def test_cuda_graphs_only_for_fixed_shapes() -> None:
@@ -114,19 +121,19 @@ def test_profile_from_sidecar_covers_config(name: str, artifacts: dict[str, Path
             if isinstance(dim, int):
                 assert lo == hi == dim, f"{spec.name}: fixed dim changed by the profile"
     config = _config(name)
-    engines.check_profile_covers(profile, config.max_batch_size, name)
-    choice = engines.choose_precision(name, stage, sidecar)
+    build.check_profile_covers(profile, config.max_batch_size, name)
+    choice = build.choose_precision(name, stage, sidecar)
     assert set(stage.tolerances(choice.precision, [o.name for o in sidecar.outputs])) == {
         o.name for o in sidecar.outputs
     }
 
 
 def test_profile_that_misses_max_batch_is_rejected() -> None:
-    profile = engines.RendererProfile(batch=(1, 4, 8))
+    profile = build.RendererProfile(batch=(1, 4, 8))
     with pytest.raises(ValueError, match="does not cover the config's max_batch_size 16"):
-        engines.check_profile_covers(profile, 16, "renderer")
+        build.check_profile_covers(profile, 16, "renderer")
     with pytest.raises(ValueError, match=r"axis batch=32 outside the profile \[1, 8\]"):
-        engines.axis_values(profile, {"batch": 32})
+        build.axis_values(profile, {"batch": 32})
 
 
 @pytest.mark.parametrize("name", ENGINE_MODELS)
@@ -134,8 +141,8 @@ def test_verification_inputs_run_on_onnx_runtime(name: str, artifacts: dict[str,
     """The reference half of the engine check, on the real export."""
     stage = STAGES[name]
     sidecar = Sidecar.load(artifacts[name])
-    axes = engines.axis_values(stage.make_profile(), stage.verify_axes)
-    inputs = engines.sample_inputs(sidecar, axes, stage.inputs)
+    axes = build.axis_values(stage.make_profile(), stage.verify_axes)
+    inputs = build.sample_inputs(sidecar, axes, stage.inputs)
     ranges = stage.make_profile().ranges(sidecar)
     for spec in sidecar.inputs:
         low, _, high = ranges[spec.name]
@@ -145,40 +152,44 @@ def test_verification_inputs_run_on_onnx_runtime(name: str, artifacts: dict[str,
     names = [o.name for o in sidecar.outputs]
     outputs = onnx_session(artifacts[name] / "model.onnx").run(names, inputs)
     assert all(np.all(np.isfinite(o.astype(np.float64))) for o in outputs)
-    again = engines.sample_inputs(sidecar, axes, stage.inputs)
+    again = build.sample_inputs(sidecar, axes, stage.inputs)
     assert all(np.array_equal(inputs[k], again[k]) for k in inputs), "seeded: reproducible"
 
 
 def test_integer_inputs_need_a_rule() -> None:
     sidecar = Sidecar("x", [TensorSpec("ids", "int64", ("batch", 4))], [])
     with pytest.raises(ValueError, match="'ids' \\(int64\\) needs a rule"):
-        engines.sample_inputs(sidecar, {"batch": 2}, {})
+        build.sample_inputs(sidecar, {"batch": 2}, {})
 
 
 # ----------------------------------------------------------------- precision choice
 
 
 def test_precision_follows_the_variant_gates(artifacts: dict[str, Path]) -> None:
-    llm = Sidecar.load(artifacts["llm_decoder"])
-    assert llm.validation["variants"]["model_int4.onnx"]["passes_gate"] is False
-    choice = engines.choose_precision("llm_decoder", STAGES["llm_decoder"], llm)
+    llm = Sidecar.load(artifacts["llm_decoder"])  # variants are built on request only
+    choice = build.choose_precision("llm_decoder", STAGES["llm_decoder"], llm)
     assert (choice.precision, choice.onnx_file) == ("fp16", "model.onnx")
-    assert engines.choose_precision("renderer", STAGES["renderer"], llm).precision == "fp32"
+    failed = Sidecar(
+        "m", [], [], validation={"variants": {"model_int4.onnx": {"passes_gate": False}}}
+    )
+    choice = build.choose_precision("llm_decoder", STAGES["llm_decoder"], failed)
+    assert (choice.precision, choice.onnx_file) == ("fp16", "model.onnx")
+    assert build.choose_precision("renderer", STAGES["renderer"], llm).precision == "fp32"
 
     gated = Sidecar(
         "m", [], [], validation={"variants": {"model.int8.onnx": {"passes_gate": True}}}
     )
-    choice = engines.choose_precision("llm_decoder", STAGES["llm_decoder"], gated)
+    choice = build.choose_precision("llm_decoder", STAGES["llm_decoder"], gated)
     assert (choice.precision, choice.onnx_file) == ("int8", "model.int8.onnx")
     # a stage that does not allow INT8 stays at its default even with a passed gate
-    assert engines.choose_precision("asr_encoder", STAGES["asr_encoder"], gated).precision == "fp16"
+    assert build.choose_precision("asr_encoder", STAGES["asr_encoder"], gated).precision == "fp16"
 
     failed = Sidecar("m", [], [], validation={"variants": {"model.int8.onnx": {"passes_gate": 0}}})
-    assert "failed their gate" in engines.choose_precision("vad", STAGES["vad"], failed).reason
+    assert "failed their gate" in build.choose_precision("vad", STAGES["vad"], failed).reason
     with pytest.raises(ValueError, match="no INT8 Q/DQ variant passed"):
-        engines.choose_precision("llm_decoder", STAGES["llm_decoder"], failed, "int8")
+        build.choose_precision("llm_decoder", STAGES["llm_decoder"], failed, "int8")
     with pytest.raises(ValueError, match="precision fp16 not allowed"):
-        engines.choose_precision("renderer", STAGES["renderer"], failed, "fp16")
+        build.choose_precision("renderer", STAGES["renderer"], failed, "fp16")
 
 
 # ----------------------------------------------------------------- trtexec command lines
@@ -194,7 +205,7 @@ def test_build_command(tmp_path: Path, artifacts: dict[str, Path]) -> None:
         tmp_path / "m.onnx",
         tmp_path / "m.plan",
         sidecar,
-        engines.RendererProfile(),
+        build.RendererProfile(),
         "fp32",
         trtexec="/opt/tensorrt/bin/trtexec",
     )
@@ -206,7 +217,7 @@ def test_build_command(tmp_path: Path, artifacts: dict[str, Path]) -> None:
     assert "--skipInference" in cmd and "--noTF32" in cmd
     assert "--fp16" not in cmd and "--int8" not in cmd
     int8 = engine.trtexec_command(
-        tmp_path / "q.onnx", tmp_path / "m.plan", sidecar, engines.RendererProfile(), "int8"
+        tmp_path / "q.onnx", tmp_path / "m.plan", sidecar, build.RendererProfile(), "int8"
     )
     assert {"--int8", "--fp16"} <= set(int8)
 
@@ -276,37 +287,37 @@ def test_comparison_on_onnx_runtime_outputs(artifacts: dict[str, Path]) -> None:
     shape and a NaN do not, and every failing output is named."""
     stage = STAGES["vad"]
     sidecar = Sidecar.load(artifacts["vad"])
-    axes = engines.axis_values(stage.make_profile(), stage.verify_axes)
-    inputs = engines.sample_inputs(sidecar, axes, stage.inputs, seed=3)
+    axes = build.axis_values(stage.make_profile(), stage.verify_axes)
+    inputs = build.sample_inputs(sidecar, axes, stage.inputs, seed=3)
     names = [o.name for o in sidecar.outputs]
     reference = dict(
         zip(names, onnx_session(artifacts["vad"] / "model.onnx").run(names, inputs), strict=True)
     )
     tolerances = stage.tolerances("fp16", names)
     halved = {k: v.astype(np.float16).astype(np.float32) for k, v in reference.items()}
-    results = engines.compare_engine(reference, halved, tolerances, "vad")
+    results = build.compare_engine(reference, halved, tolerances, "vad")
     assert [r.name for r in results] == names and all(r.max_abs > 0 for r in results)
 
     drifted = dict(halved, speech_prob=halved["speech_prob"] + 0.05)
     drifted["next_state"] = halved["next_state"].copy()
     drifted["next_state"][0, 0, 0] = np.nan
     with pytest.raises(EngineVerificationError) as error:
-        engines.compare_engine(reference, drifted, tolerances, "vad")
+        build.compare_engine(reference, drifted, tolerances, "vad")
     message = str(error.value)
     assert "'speech_prob': max abs error 0.05" in message
     assert "'next_state': the engine produced NaN or Inf" in message
     assert "next_context" not in message
     with pytest.raises(EngineVerificationError, match="shape"):
-        engines.compare_engine(
+        build.compare_engine(
             reference, dict(halved, next_context=halved["next_context"][:1]), tolerances, "vad"
         )
 
 
 def test_every_output_needs_a_tolerance() -> None:
-    stage = Stage("export.engines:VadProfile", ("fp16",), "fp16", {"a": Tolerance(0.1)})
+    stage = Stage("export.tensorrt.build:VadProfile", ("fp16",), "fp16", {"a": Tolerance(0.1)})
     with pytest.raises(KeyError, match="no fp16 tolerance for output 'b'"):
         stage.tolerances("fp16", ["a", "b"])
-    assert stage.tolerances("fp32", ["b"])["b"] == engines.FP32
+    assert stage.tolerances("fp32", ["b"])["b"] == build.FP32
 
 
 # ----------------------------------------------------------------- materialisation
@@ -364,7 +375,7 @@ def test_production_repository_without_engines_says_what_to_run(
     assert "docker compose run --rm engines" in message
     assert not (tmp_path / "prod").exists()
     # the command line says the same, without a traceback
-    from avatar.cli import main
+    from avatar.serving.cli import main
 
     assert main(["materialize", "--target", "production", "--out", str(tmp_path / "cli")]) == 1
     assert "run `python -m export engines`" in caplog.text
@@ -389,7 +400,7 @@ def test_engine_command_stops_without_tensorrt(monkeypatch, caplog) -> None:
 @pytest.mark.skipif(not HAS_TRTEXEC, reason=NO_TENSORRT)
 @pytest.mark.parametrize("name", ENGINE_MODELS)
 def test_build_and_verify_engine(name: str, artifacts: dict[str, Path]) -> None:
-    record = engines.build_and_verify(
+    record = build.build_and_verify(
         name, SOURCE_REPOSITORY / name / "config.pbtxt", artifacts[name], force=True
     )
     assert record["passed"] and (artifacts[name] / "model.plan").stat().st_size > 100_000

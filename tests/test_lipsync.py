@@ -12,12 +12,12 @@ from avatar.animation import AnimationConfig, animate
 from avatar.animation.lipsync import animate_probs, decode_segments
 from avatar.animation.tables import VISEMES
 from avatar.errors import RequestError
-from avatar.repository import check_against_sidecar, parse_config
+from avatar.serving.repository import check_against_sidecar, parse_config
 from avatar.sidecar import Sidecar
 from export.common import ensure, onnx_session
-from export.lipsync import OUTPUTS, LipsyncRecipe, example_audio, expected_specs, reference
-from export.lipsync_data import Augment, Utterance, augment, frame_targets, label_segments
-from export.lipsync_eval import Scores, score_clip
+from export.lipsync.recipe import OUTPUTS, LipsyncRecipe, example_audio, expected_specs, reference
+from training.lipsync.data import Augment, Utterance, augment, frame_targets, label_segments
+from training.lipsync.evaluate import Scores, score_clip
 
 CONFIG = Path(__file__).resolve().parent.parent / "model_repository/lipsync/config.pbtxt"
 # Held-out: none of these is in emotion_sentences.json's 'train' split.
@@ -94,7 +94,7 @@ def test_export_matches_torch_at_new_shapes(artifact: Path) -> None:
 
 @pytest.fixture(scope="module")
 def heldout_speech() -> list[Utterance]:
-    from export.lipsync_data import speak
+    from training.lipsync.data import speak
 
     return speak(list(HELDOUT), variants=1, varied=False)
 
@@ -135,14 +135,14 @@ def test_mouth_closes_on_bilabials_of_heldout_speech(artifact: Path, heldout_spe
             closures += 1
             real += any(c.start < seg.end and seg.start < c.end for c in closed)
     assert bilabials >= 15 and closures >= 10
-    # held-out set (105 sentences, python -m export.lipsync_train --evaluate): 85 % and 86 %
+    # held-out set (105 sentences, python -m training.lipsync.train --evaluate): 85 % and 86 %
     assert found / bilabials >= 0.65, f"{found} of {bilabials} p/b/m found"
     assert real / closures >= 0.75, f"{closures - real} of {closures} closures are not p/b/m"
 
 
 def test_espeak_voice_gives_audio_and_phoneme_timings() -> None:
     """The second synthesizer (evaluation's unseen voices) yields timed IPA phonemes."""
-    from export.lipsync_espeak import _name, speak
+    from training.lipsync.espeak import _name, speak
 
     assert _name("ɑː".encode() + b"\x17\xfe\x01D") == "ɑː"  # stale bytes after the name
     (utt,) = speak(["Bob bought a map."], ("en-us+m7",))

@@ -13,10 +13,10 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from avatar.audio import reference_speech, write_wav
-from avatar.server import EmbeddedServer
+from avatar.serving.server import EmbeddedServer
 from clients.lipsync import CONTEXT_S, WINDOW_S, infer_windows, main, viseme_probs, windows
 from export.common import ensure, onnx_session
-from export.lipsync import OUTPUTS, LipsyncRecipe
+from export.lipsync.recipe import OUTPUTS, LipsyncRecipe
 
 RATE = 16000
 WINDOW, CONTEXT = int(WINDOW_S * RATE), int(CONTEXT_S * RATE)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from avatar.llm.decoder import OrtDecoder, greedy
-from export import llm_convert, llm_onnx, llm_verify
 from export.common import describe_onnx
+from export.llm import convert, decoder_onnx, verify
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -38,7 +38,7 @@ def tiny_model(kind: str):
 def exported(request, tmp_path_factory):
     model = tiny_model(request.param)
     path = tmp_path_factory.mktemp(request.param) / "model.onnx"
-    dims = llm_onnx.export_decoder(model, path)
+    dims = decoder_onnx.export_decoder(model, path)
     return model, dims, path
 
 
@@ -57,18 +57,18 @@ def test_names_dtypes_and_dynamic_axes(exported):
 
 def test_step_matches_pytorch_with_and_without_past(exported):
     model, dims, path = exported
-    record = llm_verify.compare_step(
-        llm_verify.TorchDecoder(model, dims.layout), OrtDecoder(path), dims.vocab, seed=3
+    record = verify.compare_step(
+        verify.TorchDecoder(model, dims.layout), OrtDecoder(path), dims.vocab, seed=3
     )
-    assert record["logits_max_abs"] <= llm_verify.LOGIT_TOLERANCE.atol
+    assert record["logits_max_abs"] <= verify.LOGIT_TOLERANCE.atol
 
 
 def test_greedy_tokens_equal_pytorch_batch1_and_left_padded(exported):
     model, dims, path = exported
     rng = np.random.default_rng(5)
     prompts = [rng.integers(3, dims.vocab, n).tolist() for n in (3, 9, 5, 12, 1, 7)]
-    reference, candidate = llm_verify.TorchDecoder(model, dims.layout), OrtDecoder(path)
-    record = llm_verify.check_tokens(reference, candidate, prompts, 12, pad=0, batch=3)
+    reference, candidate = verify.TorchDecoder(model, dims.layout), OrtDecoder(path)
+    record = verify.check_tokens(reference, candidate, prompts, 12, pad=0, batch=3)
     assert record["batch1"]["exact"] == len(prompts)
     alone = [greedy(candidate, [p], 12)[0] for p in prompts]
     assert greedy(candidate, prompts, 12) == alone  # rows do not depend on each other
@@ -81,9 +81,9 @@ def test_token_mismatch_is_a_typed_error(exported):
         for p in other.parameters():
             p.add_(torch.randn_like(p) * 0.5)
     prompts = [[5, 6, 7], [8, 9]]
-    with pytest.raises(llm_verify.TokenMismatchError):
-        llm_verify.check_tokens(
-            llm_verify.TorchDecoder(other, dims.layout), OrtDecoder(path), prompts, 8, pad=0
+    with pytest.raises(verify.TokenMismatchError):
+        verify.check_tokens(
+            verify.TorchDecoder(other, dims.layout), OrtDecoder(path), prompts, 8, pad=0
         )
 
 
@@ -93,16 +93,16 @@ def test_checkpoint_round_trip_keeps_rope_theta(tmp_path):
 
     model = tiny_model("llama")
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"a": 0})))
-    folder = llm_convert.save_checkpoint(model, tokenizer, tmp_path / "ckpt")
-    checkpoint = llm_convert.checkpoint_from_path(folder)
-    reloaded, _ = llm_convert.load_checkpoint(
-        llm_convert.Checkpoint(checkpoint.folder, expected_rope_theta=100000.0)
+    folder = convert.save_checkpoint(model, tokenizer, tmp_path / "ckpt")
+    checkpoint = convert.checkpoint_from_path(folder)
+    reloaded, _ = convert.load_checkpoint(
+        convert.Checkpoint(checkpoint.folder, expected_rope_theta=100000.0)
     )
     assert reloaded.config.rope_theta == 100000.0
-    with pytest.raises(llm_convert.CheckpointError, match="rope_theta is 100000"):
-        llm_convert.check_config(reloaded.config, 10000.0)
+    with pytest.raises(convert.CheckpointError, match="rope_theta is 100000"):
+        convert.check_config(reloaded.config, 10000.0)
     reloaded.config.model_type = "gpt2"
-    with pytest.raises(llm_convert.CheckpointError, match="not a supported decoder"):
-        llm_convert.check_config(reloaded.config, None)
-    with pytest.raises(llm_convert.CheckpointError, match=r"expected a \.gguf"):
-        llm_convert.checkpoint_from_path(tmp_path)
+    with pytest.raises(convert.CheckpointError, match="not a supported decoder"):
+        convert.check_config(reloaded.config, None)
+    with pytest.raises(convert.CheckpointError, match=r"expected a \.gguf"):
+        convert.checkpoint_from_path(tmp_path)

@@ -88,10 +88,10 @@ def chat(
         client.close()
 
 
-def stop(url: str, request_id: str, spoken: str | None = None) -> str:
-    """A stop request for the generation sent as `request_id`; its outcome."""
+def stop(url: str, request_id: str, spoken: str | None = None, session: str = "") -> str:
+    """A stop request for the generation sent as `request_id` in `session`; its outcome."""
     extra = {"stop": True} if spoken is None else {"stop": True, "spoken": spoken}
-    responses, error = chat(url, None, request_id=request_id, **extra)
+    responses, error = chat(url, None, session, request_id=request_id, **extra)
     assert error is None, error
     return json.loads(responses[-1]["stats"])["stop"]
 
@@ -146,13 +146,15 @@ def test_stop_request_ends_the_generation_and_the_session_keeps_what_was_spoken(
 
     def barge_in(response: dict) -> None:
         if response["text"] and "stop" not in outcome:
-            outcome["stop"] = stop(grpc_url, "story-1", "Once upon a time.")
+            # the id alone (another client's guess) stops nothing
+            outcome["other"] = stop(grpc_url, "story-1", "Hijacked.")
+            outcome["stop"] = stop(grpc_url, "story-1", "Once upon a time.", "stopper")
 
     long = {"temperature": 0, "max_tokens": 300}
     responses, error = chat(
         grpc_url, story, "stopper", long, request_id="story-1", on_response=barge_in
     )
-    assert error is None and outcome["stop"] == "stopped"
+    assert error is None and outcome["stop"] == "stopped" and outcome["other"] == "unknown"
     assert responses[-1]["finish_reason"] == "cancelled"
     assert json.loads(responses[-1]["stats"])["completion_tokens"] < 20  # not 300
     # the session holds [user, "Once upon a time."]: the same prompt as sending it whole

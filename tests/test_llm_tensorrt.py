@@ -8,8 +8,8 @@ import pytest
 
 from avatar.llm.decoder import KvLayout
 from avatar.sidecar import Sidecar, TensorSpec
-from export.engine import trtexec_command
-from export.llm_engine import DecoderProfile, build_engine
+from export.llm.engine import DecoderProfile, build_engine
+from export.tensorrt.engine import trtexec_command
 
 LAYOUT = KvLayout(layers=2, kv_heads=3, head_dim=64)
 SIDECAR = Sidecar(
@@ -39,6 +39,6 @@ def test_trtexec_profiles_cover_first_step_and_context(tmp_path):
 @pytest.mark.skipif(shutil.which("trtexec") is None, reason="TensorRT (trtexec) is not installed")
 def test_build_engine():
     from export.common import ensure
-    from export.llm import LlmDecoderRecipe
+    from export.llm.recipe import LlmDecoderRecipe
 
     assert build_engine(ensure(LlmDecoderRecipe())).stat().st_size > 1_000_000

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from google.protobuf import json_format
 
-from avatar.deployment import SOURCE_REPOSITORY
 from avatar.errors import RequestError
 from avatar.onnx_batching import BatchedSession
-from avatar.repository import embedded_config, parse_config
+from avatar.serving.deployment import SOURCE_REPOSITORY
+from avatar.serving.repository import embedded_config, parse_config
 
 
 def _session(vad_artifact: Path) -> BatchedSession:

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from grpc_calls import call, strings
 
-from avatar.deployment import build_repository
-from avatar.server import EmbeddedServer, ServerOptions
+from avatar.serving.deployment import build_repository
+from avatar.serving.server import EmbeddedServer, ServerOptions
 from perf import probe
 
 pytestmark = pytest.mark.server
-AVATAR_MODELS = ["avatar", "llm", "llm_decoder", "tts", "tts_vits"]
+AVATAR_MODELS = ["avatar", "emotion_encoder", "llm", "llm_decoder", "tts", "tts_vits"]
 ASR_MODELS = ["asr", "asr_encoder", "asr_decoder"]
 
 

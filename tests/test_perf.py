@@ -7,7 +7,7 @@ import csv
 import json
 from pathlib import Path
 
-from avatar.server import EmbeddedServer
+from avatar.serving.server import EmbeddedServer
 from perf.__main__ import main
 
 

@@ -244,3 +244,41 @@ def test_auto_emotion_comes_from_each_sentence():
     assert sentence_emotion("Hi.", Controls(), None).emotion == "neutral"
     fixed = Controls(emotion="angry", intensity=0.4)
     assert sentence_emotion("Hi.", fixed, lambda t: ("happy", 1.0)) == fixed
+
+
+def test_a_failing_emotion_stage_leaves_the_face_neutral_and_the_turn_whole():
+    fake = FakeStages()
+
+    def feel(text):
+        raise RuntimeError("emotion_encoder is not ready")
+
+    stages = Stages(fake.transcribe, fake.chat, fake.speak, feel=feel)
+    events, final = run(fake, stages=stages)
+    sentences = [e for e in events if isinstance(e, SentenceEvent)]
+    assert sentences and all(s.audio.size and s.emotion == "neutral" for s in sentences)
+    assert any(e.startswith("emotion:") for e in final.errors)
+
+
+@pytest.mark.parametrize("depth", [10_000, 200_000])
+def test_deeply_nested_controls_are_a_request_error(depth):
+    """Was "internal error: RecursionError" (a review finding)."""
+    with pytest.raises(RequestError, match=r"nested too deeply|not valid JSON"):
+        parse_turn(None, "hi", "", "[" * depth + "]" * depth)
+    with pytest.raises(RequestError, match="controls"):
+        parse_turn(None, "hi", "", '{"fps": ' + "[" * depth + "]" * depth + "}")
+
+
+def test_llm_timeout_stops_the_generation_and_keeps_only_what_was_spoken():
+    """Was: the fallback was spoken while the generation ran on to max_tokens and the
+    session remembered a reply nobody heard (a review finding)."""
+    fake = FakeStages(reply=[f"Sentence {i}." for i in range(5)], llm_delay=0.5)
+    cuts: list[str] = []
+    stages = Stages(
+        fake.transcribe, fake.chat, fake.speak, cut=lambda request, spoken: cuts.append(spoken)
+    )
+    config = PipelineConfig(llm_timeout_s=0.2, fallback_reply="One moment please.")
+    _, final = run(fake, config=config, stages=stages)
+    assert cuts == ["One moment please."]
+    assert final.reply == "One moment please."
+    time.sleep(1.2)  # the generation saw stop() and ended early
+    assert fake.llm_steps < 5

@@ -10,18 +10,18 @@ import pytest
 import torch
 
 from avatar.animation.tables import ARKIT_INDEX
-from avatar.repository import check_against_sidecar, parse_config
+from avatar.serving.repository import check_against_sidecar, parse_config
 from avatar.sidecar import Sidecar
-from export import renderer
 from export.common import ToleranceError, compare_outputs, ensure, onnx_session
-from export.face2d import LIPS, MOUTH_INSIDE, Face2D
+from export.renderer import recipe
+from networks.face2d import LIPS, MOUTH_INSIDE, Face2D
 
 CONFIG = Path(__file__).parent.parent / "model_repository" / "renderer" / "config.pbtxt"
 
 
 @pytest.fixture(scope="module")
 def artifact() -> Path:
-    return ensure(renderer.RendererRecipe())
+    return ensure(recipe.RendererRecipe())
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,7 @@ def cavity_pixels(frame: np.ndarray) -> int:
 
 def test_export_matches_sidecar_and_config(artifact):
     sidecar = Sidecar.load(artifact)
-    inputs, outputs = renderer.expected_specs()
+    inputs, outputs = recipe.expected_specs()
     assert sidecar.inputs == inputs and sidecar.outputs == outputs
     assert sidecar.batch_axis == 0
     assert sidecar.validation["outputs"]["frames"]["max_abs"] <= 2.0
@@ -64,15 +64,15 @@ def test_export_matches_sidecar_and_config(artifact):
 
 
 def test_onnx_equals_torch_on_unseen_batch(artifact):
-    inputs = renderer.example_inputs(3, seed=99)
+    inputs = recipe.example_inputs(3, seed=99)
     (frames,) = onnx_session(artifact / "model.onnx").run(["frames"], inputs)
-    expected = renderer.reference(inputs)
+    expected = recipe.reference(inputs)
     assert frames.shape == (3, 256, 256, 3) and frames.dtype == np.uint8
-    compare_outputs(expected, {"frames": frames}, renderer.TOLERANCES)
+    compare_outputs(expected, {"frames": frames}, recipe.TOLERANCES)
     # a wrong frame is caught by the same check
-    other = renderer.reference(renderer.example_inputs(3, seed=100))
+    other = recipe.reference(recipe.example_inputs(3, seed=100))
     with pytest.raises(ToleranceError):
-        compare_outputs(expected, other, renderer.TOLERANCES)
+        compare_outputs(expected, other, recipe.TOLERANCES)
 
 
 def test_mouth_follows_jaw_and_closes(face):

@@ -9,8 +9,8 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from avatar.deployment import SOURCE_REPOSITORY, model_names
-from avatar.repository import (
+from avatar.serving.deployment import SOURCE_REPOSITORY, model_names
+from avatar.serving.repository import (
     ConfigMismatchError,
     MissingArtifactError,
     RepositoryError,

@@ -13,9 +13,9 @@ from avatar.sidecar import Sidecar
 from avatar.tts import Controls, Phonemizer, Synthesizer, onnx_infer, packaged_voice, prepare
 from avatar.tts.synth import batch_inputs
 from export.common import ensure, onnx_session
-from export.tts import VitsRecipe
+from export.tts.recipe import VitsRecipe
 
-# Not used while developing (see export/tts.py and export/tts_report.py for the others).
+# Not used while developing (see export/tts/recipe.py and export/tts/report.py for the others).
 SENTENCES = (
     "Quiet streets filled with music once the festival started.",
     "Is the blue notebook yours?",
@@ -99,7 +99,7 @@ def test_four_sentences_batched_equal_one_at_a_time(synth):
 
 def test_transcript_contains_the_words(synth):
     """Intelligibility on real audio: faster-whisper on the packaged Whisper base."""
-    from export.tts_report import transcriber, word_errors
+    from export.tts.report import transcriber, word_errors
 
     text = "Please bring three green apples to the kitchen."
     result = synth.synthesize_chunks(

@@ -7,11 +7,12 @@ import pytest
 from piper_phonemize import phoneme_ids_espeak, phonemize_espeak
 
 from avatar.errors import RequestError
+from avatar.sentences import split_sentences
 from avatar.tts import numbers
 from avatar.tts.normalize import clean, normalize
 from avatar.tts.phonemes import Chunk, Phonemizer, prepare
 from avatar.tts.request import parse_request
-from avatar.tts.sentences import split_long, split_sentences
+from avatar.tts.sentences import split_long
 from avatar.tts.synth import Controls, phoneme_timings
 from avatar.tts.voice import packaged_voice
 
@@ -200,3 +201,17 @@ def test_phoneme_timings_cover_every_frame():
     frames = np.round(np.array(ends) / (256 / 22050)).astype(int)
     assert frames.tolist() == [4, 6, 11, 18, 24]
     assert starts[0] == 0 and np.allclose(starts[1:], ends[:-1])
+
+
+def test_one_splitter_for_tts_and_the_llm_stream():
+    """The TTS and the LLM stream cut the same text at the same places (one rule, one
+    abbreviation list): not after "Dr.", an initial, or inside "3.5"."""
+    from avatar.llm.stream import SentenceSplitter
+
+    text = "I am Dr. Smith. J. Smith paid 3.5 dollars! Did he?\nYes e.g. now. "
+    splitter = SentenceSplitter()
+    streamed = [c.sentence for piece in text.split(" ") for c in splitter.push(piece + " ")]
+    streamed = [s for s in streamed if s] + [s for s in [splitter.flush()] if s]
+    assert split_sentences(text) == streamed == [
+        "I am Dr. Smith.", "J. Smith paid 3.5 dollars!", "Did he?", "Yes e.g. now."
+    ]  # fmt: skip

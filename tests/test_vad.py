@@ -12,7 +12,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from avatar.audio import reference_speech
-from avatar.server import EmbeddedServer
+from avatar.serving.server import EmbeddedServer
 from avatar.vad import CHUNK, SAMPLE_RATE, VadStream, chunks, speech_segments
 from clients.vad_stream import infer, speech_probabilities
 from export.common import onnx_session

@@ -1,9 +1,11 @@
 """Emotion label + intensity of a reply sentence from its text (Triton-free).
 
-Model: the sentence is embedded with the packaged all-MiniLM-L6-v2 (plain transformers,
-mean pooling over the attention mask, then L2 normalisation: the model's standard
-sentence-transformers recipe) into 384 numbers, and a multinomial logistic regression
-(`emotion_weights.npz`, trained by `python -m export.emotion_train`) gives a probability
+Model: the sentence is embedded with the packaged all-MiniLM-L6-v2 (mean pooling over the
+attention mask, then L2 normalisation: the model's standard sentence-transformers recipe)
+into 384 numbers, by the served `emotion_encoder` model (ONNX, export/emotion/recipe.py;
+tokenised here by `SentenceTokenizer`) or, for training, its PyTorch reference
+(training/emotion/encoder.py), and a multinomial logistic regression
+(`emotion_weights.npz`, trained by `python -m training.emotion.train`) gives a probability
 per label of `tables.EMOTIONS` (neutral, happy, sad, angry, surprised, afraid, disgusted).
 
 Calibration: the logits are divided by a temperature fitted on out-of-fold predictions of
@@ -24,7 +26,7 @@ labels to train a graded score on.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +41,7 @@ WEIGHTS_PATH = Path(__file__).with_name("emotion_weights.npz")
 SENTENCES_PATH = Path(__file__).with_name("emotion_sentences.json")
 NEUTRAL = "neutral"
 MAX_TOKENS = 128  # longer replies are truncated; the model was trained on <= 256 word pieces
+Encoder = Callable[[Sequence[str]], np.ndarray]  # sentences -> L2-normalised embeddings [N, 384]
 
 
 def model_dir() -> Path:
@@ -51,36 +54,25 @@ def model_dir() -> Path:
     return path
 
 
-class SentenceEncoder:
-    """all-MiniLM-L6-v2 sentence embeddings: mean-pooled token states, L2-normalised, [N, 384]."""
+class SentenceTokenizer:
+    """MiniLM's own tokenizer (`tokenizer.json`, tokenizers; no torch): sentences ->
+    `input_ids` and `attention_mask` [N, T] int64, truncated to MAX_TOKENS and padded to
+    the longest, the inputs of the served `emotion_encoder` model."""
 
     def __init__(self, path: Path | None = None) -> None:
-        import torch
-        from transformers import AutoModel, AutoTokenizer
+        from tokenizers import Tokenizer
 
-        self._torch = torch
-        folder = path or model_dir()
-        self.tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-        self.model = AutoModel.from_pretrained(str(folder), local_files_only=True).eval()
-        self.dim = int(self.model.config.hidden_size)
+        self._tok = Tokenizer.from_file(str((path or model_dir()) / "tokenizer.json"))
+        # set once: encode_batch only reads these, so threads may share the tokenizer
+        self._tok.enable_truncation(MAX_TOKENS)
+        self._tok.enable_padding(pad_id=self._tok.token_to_id("[PAD]") or 0)
 
-    def encode(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
-        torch = self._torch
-        out = []
-        with torch.inference_mode():
-            for start in range(0, len(texts), batch_size):
-                batch = self.tokenizer(
-                    list(texts[start : start + batch_size]),
-                    padding=True,
-                    truncation=True,
-                    max_length=MAX_TOKENS,
-                    return_tensors="pt",
-                )
-                states = self.model(**batch).last_hidden_state
-                mask = batch["attention_mask"].unsqueeze(-1).to(states.dtype)
-                pooled = (states * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-                out.append(torch.nn.functional.normalize(pooled, p=2, dim=1).numpy())
-        return np.concatenate(out).astype(np.float32) if out else np.zeros((0, self.dim))
+    def __call__(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
+        encodings = self._tok.encode_batch(list(texts))
+        return {
+            "input_ids": np.array([e.ids for e in encodings], np.int64),
+            "attention_mask": np.array([e.attention_mask for e in encodings], np.int64),
+        }
 
 
 @dataclass(frozen=True)
@@ -115,7 +107,7 @@ class EmotionClassifier:
         bias: np.ndarray,
         labels: Sequence[str],
         temperature: float = 1.0,
-        encoder: SentenceEncoder | None = None,
+        encoder: Encoder | None = None,
     ) -> None:
         unknown = sorted(set(labels) - set(tables.EMOTIONS))
         if unknown:
@@ -132,9 +124,10 @@ class EmotionClassifier:
 
     @classmethod
     def load(
-        cls, weights_path: Path | None = None, encoder: SentenceEncoder | None = None
+        cls, weights_path: Path | None = None, encoder: Encoder | None = None
     ) -> EmotionClassifier:
-        """The committed weights (`emotion_weights.npz`) and the packaged MiniLM encoder."""
+        """The committed weights (`emotion_weights.npz`); `encoder` embeds sentences (the
+        served `emotion_encoder` through BLS, or training.emotion.encoder in PyTorch)."""
         path = weights_path or WEIGHTS_PATH
         with np.load(path, allow_pickle=False) as data:
             clf = cls(
@@ -142,15 +135,18 @@ class EmotionClassifier:
                 bias=data["bias"],
                 labels=[str(x) for x in data["labels"]],
                 temperature=float(data["temperature"]),
-                encoder=encoder or SentenceEncoder(),
+                encoder=encoder,
             )
         log.info("emotion classifier %s: labels %s, T=%.2f", path, clf.labels, clf.temperature)
         return clf
 
     @property
-    def encoder(self) -> SentenceEncoder:
+    def encoder(self) -> Encoder:
         if self._encoder is None:
-            self._encoder = SentenceEncoder()
+            raise RuntimeError(
+                "no sentence encoder: pass the served emotion_encoder (BLS) or "
+                "training.emotion.encoder.SentenceEncoder().encode"
+            )
         return self._encoder
 
     def probabilities(self, embeddings: np.ndarray) -> np.ndarray:
@@ -163,7 +159,7 @@ class EmotionClassifier:
                 raise RequestError(f"emotion needs a non-empty sentence, got {text!r}")
         if not texts:
             return []
-        probs = self.probabilities(self.encoder.encode(list(texts)))
+        probs = self.probabilities(self.encoder(list(texts)))
         out = []
         for row in probs:
             best = int(row.argmax())

@@ -19,7 +19,7 @@ from avatar.animation.pipeline import Animation, AnimationConfig, animate
 from avatar.animation.visemes import PhonemeTiming, VisemeSegment
 from avatar.errors import RequestError
 
-FRAME_RATE = 100.0  # model frames per second (export/lipsync_model.py: HOP 160 at 16 kHz)
+FRAME_RATE = 100.0  # model frames per second (networks/lipsync.py: HOP 160 at 16 kHz)
 SILENCE_SYMBOL = "."  # punctuation: always a pause (tables.PUNCTUATION)
 REPRESENTATIVE: dict[str, str] = {"sil": SILENCE_SYMBOL}
 for _symbol, _viseme in tables.PHONEME_TO_VISEME.items():

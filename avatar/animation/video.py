@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import struct
-import zlib
 from fractions import Fraction
 from pathlib import Path
 
@@ -14,20 +12,19 @@ log = logging.getLogger(__name__)
 
 
 def write_png(path: Path, image: np.ndarray) -> Path:
-    """Write an RGB uint8 image [H, W, 3] as PNG (no imaging library needed)."""
+    """Write an RGB uint8 image [H, W, 3] as PNG (PyAV's png encoder, as for the MP4s)."""
+    import av
+
     image = np.ascontiguousarray(image, dtype=np.uint8)
     if image.ndim != 3 or image.shape[2] != 3:
         raise ValueError(f"expected an RGB image [H, W, 3], got shape {image.shape}")
-    height, width, _ = image.shape
-    raw = b"".join(b"\x00" + image[row].tobytes() for row in range(height))
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        crc = zlib.crc32(kind + data) & 0xFFFFFFFF
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    blob = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 6))
-    Path(path).write_bytes(blob + chunk(b"IEND", b""))
+    with av.open(str(path), mode="w", format="image2") as container:
+        stream = container.add_stream("png")
+        stream.height, stream.width = image.shape[:2]
+        stream.pix_fmt = "rgb24"
+        frame = av.VideoFrame.from_ndarray(image, format="rgb24")
+        for packet in [*stream.encode(frame), *stream.encode(None)]:
+            container.mux(packet)
     return Path(path)
 
 

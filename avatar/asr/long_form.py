@@ -43,14 +43,22 @@ def transcribe_long(
     audio: np.ndarray,
     speech: Sequence[tuple[float, float]],
     options: AsrOptions = AsrOptions(),  # noqa: B008 (frozen)
+    *,
+    max_batch: int = 8,
 ) -> Transcript:
-    """Transcribe checked 16-kHz `audio` [samples] given its VAD speech segments (seconds)."""
+    """Transcribe checked 16-kHz `audio` [samples] given its VAD speech segments (seconds),
+    at most `max_batch` pieces at a time (the encoder's and decoder's max_batch_size: a
+    4-minute recording cut into 30-s pieces is more than one batch)."""
     duration = len(audio) / SAMPLE_RATE
     pieces = plan_pieces(speech, duration)
     if not pieces:
         return Transcript("", options.decode.language or "", 0.0, [], duration)
     clips = [audio[round(a * SAMPLE_RATE) : round(b * SAMPLE_RATE)] for a, b in pieces]
-    results = transcribe(runtime, vocab, clips, options)
+    results = [
+        result
+        for at in range(0, len(clips), max_batch)
+        for result in transcribe(runtime, vocab, clips[at : at + max_batch], options)
+    ]
     segments = [
         Segment(round(s.start + a, 3), round(s.end + a, 3), s.text)
         for (a, _), result in zip(pieces, results, strict=True)

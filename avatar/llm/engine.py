@@ -11,14 +11,13 @@ not the whole generated text (also after the generation already ended).
 from __future__ import annotations
 
 import dataclasses
-import json
 import queue
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from avatar.errors import RequestError
+from avatar.errors import RequestError, parse_json
 from avatar.llm.cache import PrefixCache
 from avatar.llm.decoder import Decoder
 from avatar.llm.sampling import Sampler, SamplingParams
@@ -66,11 +65,11 @@ class ChatEngine:
         self.tokenizer = tokenizer
         self.sessions = SessionStore(self.config.sessions)
         self._lock = threading.Lock()
-        # request id -> its generations while generating (clients may reuse ids: a stop
-        # ends all of them); the most recent finished ones stay in `_recent`, so that a
-        # late stop can still correct the session's memory
-        self._running: dict[str, list[tuple[ChatRequest, Generation]]] = {}
-        self._recent: OrderedDict[str, ChatRequest] = OrderedDict()
+        # (session id, request id) -> its generations while generating (a client may reuse
+        # ids: a stop ends all of them); the most recent finished ones stay in `_recent`,
+        # so that a late stop can still correct the session's memory
+        self._running: dict[tuple[str, str], list[tuple[ChatRequest, Generation]]] = {}
+        self._recent: OrderedDict[tuple[str, str], ChatRequest] = OrderedDict()
         self.cache = PrefixCache(self.config.prefix_cache_entries)
         self.scheduler = Scheduler(
             decoder,
@@ -89,17 +88,11 @@ class ChatEngine:
                 f"session_id {session_id[:20]!r}... is not a session id: expected at most "
                 f"{MAX_SESSION_ID_CHARS} printable characters"
             )
-        try:
-            data = json.loads(messages_json)
-        except (json.JSONDecodeError, TypeError) as error:
-            raise RequestError(f"messages is not valid JSON: {error}") from None
+        data = parse_json(messages_json, "messages")
         new = parse_messages(data, self.config.max_prompt_chars)
         sampling = self.config.sampling
         if sampling_json and sampling_json.strip():
-            try:
-                raw: Any = json.loads(sampling_json)
-            except json.JSONDecodeError as error:
-                raise RequestError(f"sampling is not valid JSON: {error}") from None
+            raw: Any = parse_json(sampling_json, "sampling")
             if not isinstance(raw, dict):
                 raise RequestError("sampling must be a JSON object")
             sampling = SamplingParams.from_json(raw, self.config.sampling)
@@ -119,7 +112,8 @@ class ChatEngine:
         return ChatRequest(full, new, session_id, sampling)
 
     def count_tokens(self, messages: list[Message]) -> int:
-        return len(self.tokenizer.encode(self.tokenizer.template.render(messages)))
+        tokenizer = self.tokenizer
+        return len(tokenizer.encode_segments(tokenizer.template.render_segments(messages)))
 
     def submit(
         self,
@@ -129,11 +123,14 @@ class ChatEngine:
         request_id: str = "",
     ) -> Generation:
         """Start generating; `emit` gets the events. The reply joins the session at the end
-        (unless a stop request said what was spoken). `request_id` makes it stoppable."""
+        (unless a stop request said what was spoken). `request_id` makes it stoppable by
+        a stop request naming the same session and id (the `avatar` model makes the ids
+        itself, so one client cannot stop or rewrite another's conversation)."""
+        key = (request.session_id, request_id)
         template = self.tokenizer.template
-        prefix, rest = template.split_system(request.messages)
-        prefix_ids = self.tokenizer.encode(prefix) if prefix else []
-        prompt = prefix_ids + self.tokenizer.encode(rest)
+        prefix, rest = template.split_system_segments(request.messages)
+        prefix_ids = self.tokenizer.encode_segments(prefix)
+        prompt = prefix_ids + self.tokenizer.encode_segments(rest)
         reply: list[str] = []
 
         def on_event(event: Event) -> None:
@@ -143,8 +140,8 @@ class ChatEngine:
                     if event.finish_reason in ("stop", "length") and not generation.stopped:
                         self._remember(request, "".join(reply))
                     if request_id:
-                        self._forget_running(request_id, generation)
-                        self._recent[request_id] = request
+                        self._forget_running(key, generation)
+                        self._recent[key] = request
                         while len(self._recent) > self.config.sessions:
                             self._recent.popitem(last=False)
             emit(event)
@@ -152,47 +149,48 @@ class ChatEngine:
         generation = Generation(
             prompt=prompt,
             sampler=Sampler(request.sampling),
-            stream=TextStream(self.tokenizer.decode, request.sampling.stop),
+            stream=TextStream(self.tokenizer.stream_decoder(), request.sampling.stop),
             emit=on_event,
             is_cancelled=is_cancelled,
             cache_prefix=len(prefix_ids),
         )
         if request_id:
             with self._lock:
-                self._running.setdefault(request_id, []).append((request, generation))
+                self._running.setdefault(key, []).append((request, generation))
         self.scheduler.submit(generation)
         return generation
 
-    def stop(self, request_id: str, spoken: str | None = None) -> str:
-        """End the generation submitted as `request_id` (it finishes "cancelled" within one
-        decode step). With `spoken`, the session keeps that as the assistant's answer
-        instead of the generated text; "" keeps only the user's turn.
+    def stop(self, request_id: str, spoken: str | None = None, session_id: str = "") -> str:
+        """End the generation submitted as `request_id` in `session_id` (it finishes
+        "cancelled" within one decode step). With `spoken`, the session keeps that as the
+        assistant's answer instead of the generated text; "" keeps only the user's turn.
 
         Returns "stopped" (it was generating), "ended" (it had finished; only the memory
         changed) or "unknown" (no such id among the running and recent generations).
         """
         if not request_id:
             raise RequestError("stop needs the request id of the generation to stop")
+        key = (session_id, request_id)
         with self._lock:
-            running = self._running.get(request_id)
+            running = self._running.get(key)
             if running:
                 for _, generation in running:
                     generation.stopped = True
                 request, outcome = running[-1][0], "stopped"
-            elif request_id in self._recent:
-                request, outcome = self._recent[request_id], "ended"
+            elif key in self._recent:
+                request, outcome = self._recent[key], "ended"
             else:
                 return "unknown"
             if spoken is not None and self._is_latest_turn(request, outcome == "stopped"):
                 self._remember(request, spoken)
         return outcome
 
-    def _forget_running(self, request_id: str, generation: Generation) -> None:
-        kept = [r for r in self._running.get(request_id, []) if r[1] is not generation]
+    def _forget_running(self, key: tuple[str, str], generation: Generation) -> None:
+        kept = [r for r in self._running.get(key, []) if r[1] is not generation]
         if kept:
-            self._running[request_id] = kept
+            self._running[key] = kept
         else:
-            self._running.pop(request_id, None)
+            self._running.pop(key, None)
 
     def running(self) -> int:
         """Generations in flight that were submitted with a request id."""

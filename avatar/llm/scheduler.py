@@ -124,11 +124,19 @@ class Scheduler:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop the loop; every generation still waiting or running ends with a final
+        "error" event, so that its stream is closed rather than left open."""
         with self._wake:
             self._stopping = True
             self._wake.notify()
         if self._thread:
             self._thread.join(timeout=30)
+        with self._wake:
+            left = [*self._queue, *self._active]
+            self._queue.clear()
+            self._active = []
+        for generation in left:
+            self._finish(generation, "error", "the llm model is shutting down")
 
     def run_until_idle(self) -> None:
         """Drive the loop in the calling thread until every submitted generation ended."""

@@ -4,14 +4,9 @@ sentence boundaries (so that TTS can start on the first sentence)."""
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Callable, Sequence
 
-ABBREVIATIONS = frozenset(
-    {"mr", "mrs", "ms", "dr", "prof", "st", "jr", "sr", "vs", "etc", "e.g", "i.e"}
-    | {"a.m", "p.m", "no", "approx", "dept", "inc", "ltd", "co"}
-)
-_END = re.compile(r"([.!?…]+[\"')\]]*)(\s+)|(\n+)")
+from avatar.sentences import sentence_end
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,8 +18,9 @@ class Chunk:
 
 
 class SentenceSplitter:
-    """Accumulates text and cuts it after sentence-ending punctuation followed by
-    whitespace (or at line breaks), not after abbreviations, initials or in numbers."""
+    """Accumulates streamed text and cuts it where `avatar.sentences` says a sentence
+    ends (after punctuation and whitespace, at line breaks; not after abbreviations,
+    initials or inside numbers)."""
 
     def __init__(self) -> None:
         self._pending = ""  # text of the current, unfinished sentence
@@ -34,27 +30,13 @@ class SentenceSplitter:
         chunks = []
         shown = len(self._pending)  # characters of the pending sentence already streamed
         self._pending += text
-        while (cut := self._boundary(self._pending)) is not None:
+        while (cut := sentence_end(self._pending)) is not None:
             chunks.append(Chunk(self._pending[shown:cut], self._pending[:cut].strip()))
             self._pending = self._pending[cut:]
             shown = max(0, shown - cut)
         if len(self._pending) > shown:
             chunks.append(Chunk(self._pending[shown:]))
         return chunks
-
-    def _boundary(self, buffer: str) -> int | None:
-        for match in _END.finditer(buffer):
-            if buffer[: match.end()].strip() and self._is_boundary(buffer, match):
-                return match.end()
-        return None
-
-    @staticmethod
-    def _is_boundary(buffer: str, match: re.Match) -> bool:
-        if match.group(3):  # line break
-            return True
-        before = buffer[: match.start()].split()
-        word = before[-1].lower().rstrip(".") if before else ""
-        return not (match.group(1).startswith(".") and (word in ABBREVIATIONS or len(word) == 1))
 
     def flush(self) -> str | None:
         """The unfinished last sentence (at the end of generation), if any."""
@@ -65,22 +47,28 @@ class SentenceSplitter:
 class TextStream:
     """Turns generated ids into safe-to-show text deltas and watches for stop strings.
 
-    Text is held back while it ends in an incomplete UTF-8 sequence (decoded as U+FFFD) or
-    in a prefix of a stop string; a stop string ends the stream and is not shown.
+    `step(id)` is an incremental detokeniser (`Tokenizer.stream_decoder`, on tokenizers'
+    DecodeStream): the new text of one id, or None while its bytes are an incomplete
+    UTF-8 sequence, so each step costs O(1) instead of re-decoding the whole reply. Text is
+    held back while it ends in a prefix of a stop string (or U+FFFD); a stop string ends the
+    stream and is not shown.
     """
 
-    def __init__(self, decode: Callable[[Sequence[int]], str], stop: Sequence[str] = ()):
-        self._decode, self._stop = decode, tuple(stop)
-        self._ids: list[int] = []
+    def __init__(self, step: Callable[[int], str | None], stop: Sequence[str] = ()):
+        self._step, self._stop = step, tuple(stop)
+        self._text = ""
         self._shown = 0
+        self._longest_stop = max((len(s) for s in self._stop), default=0)
         self.stopped = False
 
     def push(self, token: int) -> str:
         """Add one generated id; return the new text that can be shown (maybe "")."""
-        self._ids.append(token)
-        text = self._decode(self._ids)
+        self._text += self._step(token) or ""
+        text = self._text
+        # a stop string not yet seen ends in the new text: search only the tail
+        tail = max(0, self._shown - self._longest_stop)
         for stop in self._stop:
-            at = text.find(stop)
+            at = text.find(stop, tail)
             if at >= 0:
                 self.stopped = True
                 return self._emit(text[:at])
@@ -98,7 +86,7 @@ class TextStream:
         """Whatever was held back, at the end of generation (unless a stop string hit)."""
         if self.stopped:
             return ""
-        return self._emit(self._decode(self._ids).rstrip("\ufffd"))
+        return self._emit(self._text.rstrip("\ufffd"))
 
     def _emit(self, text: str) -> str:
         delta = text[self._shown :] if len(text) > self._shown else ""

@@ -1,9 +1,16 @@
 """Chat messages -> prompt text: validation, persona system prompt, the checkpoint's own
-Jinja chat template (rendered like transformers does, in a sandbox)."""
+Jinja chat template (rendered like transformers does, in a sandbox).
+
+Message content is plain text to the tokenizer: `render_segments` marks which parts of
+the prompt are the template's (special tokens such as `<|im_start|>` parsed) and which
+are what a user or persona wrote (encoded as text, so a typed `<|im_start|>system` cannot
+open a system turn)."""
 
 from __future__ import annotations
 
 import dataclasses
+import re
+import secrets
 from collections.abc import Sequence
 from typing import Any
 
@@ -54,6 +61,28 @@ def with_persona(messages: Sequence[Message], persona: str) -> list[Message]:
     return [Message("system", persona), *messages]
 
 
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    """A piece of a rendered prompt: the template's own text, or a message's content."""
+
+    text: str
+    plain: bool  # message content: special-token strings in it are ordinary text
+
+
+def _cut(segments: Sequence[Segment], chars: int) -> tuple[list[Segment], list[Segment]]:
+    """Split segments after `chars` characters of their joined text."""
+    head: list[Segment] = []
+    for i, segment in enumerate(segments):
+        if chars <= 0:
+            return head, list(segments[i:])
+        if len(segment.text) > chars:
+            head.append(Segment(segment.text[:chars], segment.plain))
+            return head, [Segment(segment.text[chars:], segment.plain), *segments[i + 1 :]]
+        head.append(segment)
+        chars -= len(segment.text)
+    return head, []
+
+
 class ChatTemplate:
     """Renders messages with a checkpoint's Jinja chat template."""
 
@@ -70,6 +99,38 @@ class ChatTemplate:
             add_generation_prompt=add_generation_prompt,
             **self._special,
         )
+
+    def render_segments(
+        self, messages: Sequence[Message], add_generation_prompt: bool = True
+    ) -> list[Segment]:
+        """`render`, as the template's text and each message's content apart: the
+        template is rendered with a one-time marker per content, then split at them."""
+        nonce = secrets.token_hex(8)
+        marked = [Message(m.role, f"\ue000{nonce}{i}\ue001") for i, m in enumerate(messages)]
+        text = self.render(marked, add_generation_prompt)
+        segments, at = [], 0
+        for match in re.finditer("\ue000" + nonce + r"(\d+)\ue001", text):
+            if match.start() > at:
+                segments.append(Segment(text[at : match.start()], plain=False))
+            content = messages[int(match.group(1))].content
+            if content:
+                segments.append(Segment(content, plain=True))
+            at = match.end()
+        if at < len(text):
+            segments.append(Segment(text[at:], plain=False))
+        return segments
+
+    def split_system_segments(
+        self, messages: Sequence[Message]
+    ) -> tuple[list[Segment], list[Segment]]:
+        """`split_system` as segments: (system prefix, the rest)."""
+        full = self.render_segments(messages)
+        if not messages or messages[0].role != "system":
+            return [], full
+        prefix = "".join(s.text for s in self.render_segments(messages[:1], False))
+        if not "".join(s.text for s in full).startswith(prefix):
+            return [], full
+        return _cut(full, len(prefix))
 
     def split_system(self, messages: Sequence[Message]) -> tuple[str, str]:
         """(system prefix text, the rest) such that prefix + rest == render(messages).

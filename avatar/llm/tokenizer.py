@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from avatar.llm.template import ChatTemplate
+from avatar.llm.template import ChatTemplate, Segment
 
 STOP_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "</s>")
 
@@ -19,6 +19,9 @@ class Tokenizer:
 
         folder = Path(folder)
         self._tok = HfTokenizer.from_file(str(folder / "tokenizer.json"))
+        # message content: special-token strings are ordinary text (no injected turns)
+        self._plain = HfTokenizer.from_file(str(folder / "tokenizer.json"))
+        self._plain.encode_special_tokens = True
         config = json.loads((folder / "tokenizer_config.json").read_text())
         source = config.get("chat_template")
         jinja = folder / "chat_template.jinja"
@@ -41,8 +44,25 @@ class Tokenizer:
         """Text with special tokens written out (as the chat template emits them) -> ids."""
         return self._tok.encode(text, add_special_tokens=False).ids
 
+    def encode_segments(self, segments: Sequence[Segment]) -> list[int]:
+        """A rendered prompt -> ids: the template's special tokens parsed, message content
+        as plain text."""
+        ids: list[int] = []
+        for segment in segments:
+            tokenizer = self._plain if segment.plain else self._tok
+            ids += tokenizer.encode(segment.text, add_special_tokens=False).ids
+        return ids
+
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=True)
+
+    def stream_decoder(self) -> Callable[[int], str | None]:
+        """A fresh incremental decoder: id -> its new text, None while incomplete UTF-8
+        (tokenizers' DecodeStream; the pieces join to `decode(ids)`)."""
+        from tokenizers.decoders import DecodeStream
+
+        stream = DecodeStream(skip_special_tokens=True)
+        return lambda token: stream.step(self._tok, token)
 
 
 def _content(token: object) -> str | None:

@@ -4,14 +4,13 @@ validated with messages that say what was wrong and what is expected."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import uuid
 from typing import Any
 
 import numpy as np
 
 from avatar.animation.pipeline import AnimationConfig
-from avatar.errors import RequestError
+from avatar.errors import RequestError, parse_json
 
 AUDIO_RATE = 16000
 MAX_TEXT_CHARS = 2000
@@ -56,10 +55,7 @@ class Controls:
     def from_json(cls, text: str) -> Controls:
         if not text.strip():
             return cls()
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise RequestError(f"controls is not valid JSON: {error}") from None
+        raw = parse_json(text, "controls")
         if not isinstance(raw, dict):
             raise RequestError('controls must be a JSON object, e.g. {"fps": 30}')
         known = {f.name: f for f in dataclasses.fields(cls)}

@@ -4,7 +4,7 @@ whole utterance from its phoneme timings."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -13,7 +13,26 @@ from avatar.errors import RequestError
 from avatar.pipeline.request import Controls
 from avatar.pipeline.turn import Speech, animation_json
 
-__all__ = ["animate_utterance", "animation_json", "join_speech"]
+__all__ = ["TTS_OUTPUTS", "animate_utterance", "animation_json", "join_speech", "speech_from_tts"]
+
+# the `tts` model's outputs that make a `Speech` (model_repository/tts/config.pbtxt)
+TTS_OUTPUTS = ("audio", "sample_rate", "sentence", "phonemes", "phoneme_starts", "phoneme_ends")
+
+
+def speech_from_tts(out: Mapping[str, np.ndarray]) -> Speech:
+    """One `tts` response (TTS_OUTPUTS as numpy) -> `Speech`."""
+    return Speech(
+        audio=out["audio"].reshape(-1),
+        sample_rate=int(out["sample_rate"].reshape(-1)[0]),
+        phonemes=[p.decode("utf-8") for p in out["phonemes"].reshape(-1)],
+        starts=out["phoneme_starts"].reshape(-1),
+        ends=out["phoneme_ends"].reshape(-1),
+        text=_utf8(out["sentence"].reshape(-1)[0]),
+    )
+
+
+def _utf8(value: object) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
 def join_speech(pieces: Sequence[Speech]) -> Speech:

@@ -52,7 +52,8 @@ class Stages:
     transcribe: Callable[[np.ndarray], str]
     chat: Callable[[str, TurnRequest, Callable[[], bool]], Iterator[str]]
     speak: Callable[[str, TurnRequest], Iterator[Speech]]
-    render: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None
+    # frames [T, H, W, 3] of blendshapes [T, 52] + head poses [T, 3]; None when no renderer
+    render: Callable[[np.ndarray, np.ndarray], np.ndarray | None] | None = None
     # reply sentence -> (emotion label, confidence 0..1), for the "auto" emotion control
     feel: Callable[[str], tuple[str, float]] | None = None
     cut: Callable[[TurnRequest, str], None] | None = None
@@ -174,7 +175,8 @@ def run_turn(
             stages, transcript, request, lambda: stop_llm.is_set() or bool(cancelled()), timings
         )
         producer.start()
-    sentences = _sentences(producer, config, errors, cancelled)
+    llm_failed: list[str] = []  # set when the LLM timed out or failed mid-reply
+    sentences = _sentences(producer, config, errors, cancelled, llm_failed)
     position = 0.0  # turn clock (s)
     index = 0
     for text in sentences:
@@ -191,7 +193,9 @@ def run_turn(
             index += 1
     reason = reason or cancelled()
     stop_llm.set()
-    if reason and producer is not None and stages.cut is not None:
+    # a cancelled turn, or an LLM that timed out or failed: stop its generation and keep
+    # in the session only what was spoken (e.g. the fallback reply)
+    if (reason or llm_failed) and producer is not None and stages.cut is not None:
         _cut(stages, request, " ".join(said), errors)
     if producer is not None:
         producer.join(timeout=1.0)  # a drained stream may run on
@@ -216,7 +220,9 @@ def _firsts(event: SentenceEvent) -> list[str]:
     return ["first_audio"] * bool(event.audio.size) + ["first_frame"] * bool(len(event.blendshapes))
 
 
-def _sentences(producer, config: PipelineConfig, errors: list[str], cancelled) -> Iterator[str]:
+def _sentences(
+    producer, config: PipelineConfig, errors: list[str], cancelled, failed: list[str]
+) -> Iterator[str]:
     """Sentences from the LLM thread; the fallback reply when it times out or fails first."""
     if producer is None:
         if not cancelled():
@@ -235,6 +241,7 @@ def _sentences(producer, config: PipelineConfig, errors: list[str], cancelled) -
             return
         if isinstance(item, Exception):
             errors.append(f"llm: {item}")
+            failed.append(str(item))
             if got == 0:
                 errors.append("llm: answered with the configured fallback reply")
                 yield from [config.fallback_reply] if config.fallback_reply.strip() else []
@@ -278,7 +285,11 @@ def _animated(text: str, index: int, position: float, speech: Speech, turn: _Tur
     audio[: min(samples, speech.audio.size)] = speech.audio[:samples]
     frames = round(samples * controls.fps / speech.sample_rate)
     started = time.perf_counter()
-    controls = sentence_emotion(text, controls, stages.feel)
+    try:
+        controls = sentence_emotion(text, controls, stages.feel)
+    except Exception as error:  # the face goes neutral; audio and animation still go
+        turn.errors.append(f"emotion: {error}")
+        controls = sentence_emotion(text, controls, None)
     phonemes = list(zip(speech.phonemes, speech.starts.tolist(), speech.ends.tolist(), strict=True))
     animation = animate(
         phonemes, controls.animation(t0=position), text=text, duration=frames / controls.fps

@@ -1,16 +1,42 @@
 """The one BLS helper: run a request on another model, check for errors, raise typed ones.
 
-Imported only inside the python-backend stub.
+Imported only inside the python-backend stub. Two rules keep the stub's native heap
+intact when several threads use BLS at once (Triton 2.51, python_backend r24.10):
+
+- a decoupled BLS iterator is dropped only once the stub's helper thread has let go of
+  it (`avatar.triton.retire`), and `is_cancelled` below is the round trip that proves it;
+- a response carries only the outputs its request asked for (`response`): the stub's
+  `ResponseSender::Send` prunes the others with the GIL released
+  (src/response_sender.cc), destroying their numpy arrays without the GIL.
+
+No wait is unbounded: `stream` gives up on a callee that has been silent for
+`idle_timeout_s` (a callee whose stub died never ends its stream).
+
+Memory: every caller here reads outputs as numpy, so each BLS request asks for host
+memory (`PreferredMemory(TRITONSERVER_MEMORY_CPU)`): the parent process then allocates
+the callee's outputs in CPU shared memory even when the callee is a TensorRT model on a
+GPU instance (python_backend r24.10 src/request_executor.cc `ResponseAlloc`), where
+`Tensor.as_numpy()` of a GPU tensor would raise "Tensor is stored in GPU and cannot be
+converted to NumPy" (src/pb_tensor.cc). A tensor that still arrives on the GPU is
+reported as a StageError naming it, never read as garbage.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import queue
+import threading
+import time
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from avatar.errors import RequestError, StageError
+from avatar.triton.retire import Retirement
+
+RETIRED = Retirement()
+_POLL_S = 0.05  # how often a waiting stream asks stop()
+_END = object()
 
 
 def _request(
@@ -24,6 +50,7 @@ def _request(
     kwargs: dict = {"timeout": timeout_us} if timeout_us else {}
     if request_id:
         kwargs["request_id"] = request_id
+    kwargs["preferred_memory"] = pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_CPU, 0)
     return pb_utils.InferenceRequest(
         model_name=model, inputs=tensors, requested_output_names=list(outputs), **kwargs
     )
@@ -37,8 +64,19 @@ def _outputs(model: str, response: pb_utils.InferenceResponse, names: Sequence[s
         tensor = pb_utils.get_output_tensor_by_name(response, name)
         if tensor is None:
             raise StageError(model, f"response has no output {name!r}")
-        result[name] = tensor.as_numpy()
+        result[name] = host_array(model, name, tensor)
     return result
+
+
+def host_array(model: str, name: str, tensor: pb_utils.Tensor) -> np.ndarray:
+    """A BLS output as numpy: it is in host memory because the request asked for it."""
+    if not tensor.is_cpu():
+        raise StageError(
+            model,
+            f"output {name!r} arrived in GPU memory although host memory was requested; "
+            "read it with to_dlpack() (e.g. torch.from_dlpack) instead of as numpy",
+        )
+    return tensor.as_numpy()
 
 
 def infer(
@@ -62,22 +100,84 @@ def stream(
     *,
     request_id: str = "",
     stop: Callable[[], bool] = lambda: False,
+    idle_timeout_s: float = 0.0,
 ) -> Iterator[dict[str, np.ndarray]]:
     """A decoupled BLS call: yields each non-empty response's outputs until the final flag.
 
-    Once `stop()` is True the rest is drained unseen: Triton 2.51's python backend cannot
-    cancel a BLS stream, so the callee must be told to end (e.g. the llm's `stop` input).
+    Once `stop()` is True (polled every 50 ms, also while waiting) the generator ends and
+    the rest of the stream is drained unseen: Triton 2.51's python backend cannot cancel a
+    BLS stream, so the callee must be told to end (e.g. the llm's `stop` input). A callee
+    silent for `idle_timeout_s` (0: no limit) raises StageError.
     """
-    stopped = False
-    for response in _request(model, inputs, outputs, timeout_us, request_id).exec(decoupled=True):
-        stopped = stopped or stop()
-        if stopped:
+    iterator = _request(model, inputs, outputs, timeout_us, request_id).exec(decoupled=True)
+    pending: queue.Queue = queue.Queue()
+    threading.Thread(
+        target=_pump, args=(iterator, pending), name=f"bls-{model}", daemon=True
+    ).start()
+    del iterator  # the pump owns it, and retires it when the stream has ended
+    last = time.monotonic()
+    while True:
+        if stop():
+            return
+        try:
+            response = pending.get(timeout=_POLL_S)
+        except queue.Empty:
+            if idle_timeout_s and time.monotonic() - last > idle_timeout_s:
+                raise StageError(
+                    model, f"no response for {idle_timeout_s:g} s (is its stub alive?)"
+                ) from None
             continue
+        last = time.monotonic()
+        if response is _END:
+            return
+        if isinstance(response, BaseException):
+            raise StageError(model, f"stream failed: {response}")
         if response.has_error():
             raise StageError(model, response.error().message())
         if not response.output_tensors():  # the empty final response of a stream
             continue
         yield _outputs(model, response, outputs)
+
+
+def _pump(iterator, pending: queue.Queue) -> None:
+    """Reads a BLS stream to its end on its own thread, so that the reader can wait with a
+    timeout and stop early; then retires the iterator (see avatar.triton.retire)."""
+    end: object = _END
+    try:
+        for response in iterator:
+            pending.put(response)
+    except Exception as error:  # e.g. the stub is shutting down
+        end = error
+    finally:
+        # retired before the reader hears of the end, so that the reader's next round
+        # trip already counts for it (the final response queued the cleanup)
+        RETIRED.keep(iterator)
+    pending.put(end)
+
+
+def is_cancelled(request: pb_utils.InferenceRequest) -> bool:
+    """`request.is_cancelled()`, recorded as a helper-thread round trip (it lets finished
+    BLS iterators be dropped safely). Never call it after the request's final response."""
+    return bool(RETIRED.round_trip(lambda: bool(request.is_cancelled())))
+
+
+def response(
+    tensors: Mapping[str, np.ndarray], requested: Collection[str] = ()
+) -> pb_utils.InferenceResponse:
+    """A response with the outputs of `tensors` that the request asked for (all when
+    `requested` is empty), so that the stub never prunes tensors without the GIL."""
+    return pb_utils.InferenceResponse(
+        output_tensors=[
+            pb_utils.Tensor(name, value)
+            for name, value in tensors.items()
+            if not requested or name in requested
+        ]
+    )
+
+
+def requested_outputs(request: pb_utils.InferenceRequest) -> frozenset[str]:
+    """The output names the request asked for (Triton fills in all when it named none)."""
+    return frozenset(request.requested_output_names())
 
 
 def error_response(error: Exception) -> pb_utils.InferenceResponse:

@@ -1,6 +1,6 @@
 """Generic python-backend runner for models declared with a native ONNX/TensorRT platform.
 
-The embedded target of `avatar.repository.materialize` gives such a model this runner
+The embedded target of `avatar.serving.repository.materialize` gives such a model this runner
 (its `1/model.py` imports `TritonPythonModel` from here), keeping the config's inputs,
 outputs, max_batch_size, dynamic batching and instance count.
 """
@@ -14,11 +14,13 @@ import triton_python_backend_utils as pb_utils
 
 from avatar.onnx_batching import BatchedSession
 from avatar.triton.bls import error_response, input_array
+from avatar.triton.diagnostics import enable_crash_reports
 from avatar.triton.params import ModelParameters
 
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
+        enable_crash_reports(args["model_name"])
         config = json.loads(args["model_config"])
         params = ModelParameters(config)
         folder = Path(args["model_repository"]) / args["model_version"]

@@ -13,6 +13,7 @@ import re
 import unicodedata
 
 from avatar.errors import RequestError
+from avatar.sentences import ABBREVIATIONS
 from avatar.tts import numbers
 
 MAX_CHARS = 20_000  # one request; a longer text should be sent as several requests
@@ -117,33 +118,15 @@ def clean(data: bytes | str, max_chars: int = MAX_CHARS) -> CleanText:
 
 # ------------------------------------------------------------------------ normalisation
 
-_ABBREVIATIONS = {
-    "mr": "Mister",
-    "mrs": "Missus",
-    "ms": "Miz",
-    "dr": "Doctor",
-    "prof": "Professor",
-    "jr": "Junior",
-    "sr": "Senior",
-    "mt": "Mount",
-    "ave": "Avenue",
-    "rd": "Road",
-    "vs": "versus",
-    "etc": "et cetera",
-    "approx": "approximately",
-    "inc": "Incorporated",
-    "ltd": "Limited",
-    "dept": "Department",
-    "st": "Street",
-}
+# "No." is spoken "number" only before digits, "Co." as written
+_ABBREVIATIONS = {k: v for k, v in ABBREVIATIONS.items() if "." not in k and k not in {"no", "co"}}
 _ABBREV_RE = re.compile(r"\b(" + "|".join(_ABBREVIATIONS) + r")\.(?=\s|$)", re.IGNORECASE)
 _SAINT_RE = re.compile(r"\bSt\.(?=\s+[A-Z])")
 _NUMBER_ABBREV_RE = re.compile(r"\bNo\.(?=\s*\d)", re.IGNORECASE)
-_LATIN_RE = {
-    re.compile(r"\be\.g\.", re.IGNORECASE): "for example",
-    re.compile(r"\bi\.e\.", re.IGNORECASE): "that is",
-    re.compile(r"\ba\.m\.", re.IGNORECASE): "AM",
-    re.compile(r"\bp\.m\.", re.IGNORECASE): "PM",
+_LATIN_RE = {  # e.g. i.e. a.m. p.m.
+    re.compile(r"\b" + re.escape(k) + r"\.", re.IGNORECASE): v
+    for k, v in ABBREVIATIONS.items()
+    if "." in k
 }
 MONTHS = [
     "January",

@@ -13,8 +13,9 @@ from collections import Counter
 from collections.abc import Sequence
 
 from avatar.errors import RequestError
+from avatar.sentences import split_sentences
 from avatar.tts.normalize import MAX_CHARS, CleanText, clean, normalize
-from avatar.tts.sentences import split_long, split_sentences
+from avatar.tts.sentences import split_long
 from avatar.tts.voice import BOS, EOS, PAD, VoiceConfig
 
 log = logging.getLogger(__name__)

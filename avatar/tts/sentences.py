@@ -1,17 +1,12 @@
-"""Sentence splitting, and splitting of over-long sentences into clauses and word runs."""
+"""Splitting of over-long sentences into clauses and word runs (sentences themselves are
+cut by `avatar.sentences.split_sentences`, the splitter the LLM stream uses too)."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
 
-_SENTENCE_END_RE = re.compile(r"(?:(?<=[.!?])|(?<=[.!?][\"')]))\s+|\n+")
 _CLAUSE_RE = re.compile(r"(?<=[,;:])\s+|\s+(?=\()|(?<=\))\s+|\s+-\s+")
-
-
-def split_sentences(text: str) -> list[str]:
-    """'One. Two? Three' -> ['One.', 'Two?', 'Three']; newlines end sentences too."""
-    return [s.strip() for s in _SENTENCE_END_RE.split(text) if s and s.strip()]
 
 
 def pack(pieces: list[str], cost: Callable[[str], int], limit: int) -> list[str]:

@@ -1,7 +1,7 @@
 """Controls, seeded noise, batching and phoneme timing around the exported VITS graph.
 
 `Synthesizer` is Triton-free: it takes any `infer(inputs) -> outputs` callable with the
-tensor names of `export/tts_graph.py` (an ONNX Runtime session in tests and the report,
+tensor names of `export/tts/graph.py` (an ONNX Runtime session in tests and the report,
 a BLS call to `tts_vits` in the Triton model).
 """
 

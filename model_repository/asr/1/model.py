@@ -16,6 +16,7 @@ from avatar.asr.transcribe import AsrOptions, Transcript, check_audio, transcrib
 from avatar.asr.vocab import WhisperVocab
 from avatar.errors import RequestError
 from avatar.triton.bls import error_response, infer, input_array, input_text
+from avatar.triton.diagnostics import enable_crash_reports
 from avatar.triton.params import ModelParameters
 from avatar.vad import VadStream, chunks, speech_segments
 
@@ -45,6 +46,7 @@ def _string(request, name: str) -> str | None:
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
+        enable_crash_reports("asr")
         params = ModelParameters(json.loads(args["model_config"]))
         data = Path(
             str(
@@ -54,6 +56,8 @@ class TritonPythonModel:
         )
         self.vocab = WhisperVocab.load(data / "tokenizer.json", data / "config.json")
         self.max_seconds = params.float("max_audio_seconds", 300.0)
+        # long audio: pieces per encoder/decoder request (their max_batch_size)
+        self.stage_max_batch = params.int("stage_max_batch", 8)
         step = params.int("window_step", 0)
         self.decode = DecodeOptions(max_new_tokens=params.int("max_new_tokens", 224))
         self.window_step = step or None
@@ -111,7 +115,14 @@ class TritonPythonModel:
                 try:
                     speech = self._speech(audio)
                     options = self._options(language)
-                    results[i] = transcribe_long(self.runtime, self.vocab, audio, speech, options)
+                    results[i] = transcribe_long(
+                        self.runtime,
+                        self.vocab,
+                        audio,
+                        speech,
+                        options,
+                        max_batch=self.stage_max_batch,
+                    )
                 except Exception as error:
                     results[i] = error
             else:

@@ -1,41 +1,32 @@
 """`avatar`: decoupled BLS model, one conversation turn per request (a thin adapter).
 
-All logic is in avatar/pipeline (unit-tested with fake stages). This file parses the
-config, binds the stages to BLS calls on asr, llm, tts (and renderer when served), runs
-each turn in its own thread, and maps pipeline events to responses.
+All logic is Triton-free and unit-tested: the turn in avatar/pipeline/turn.py, admission,
+threads, barge-in and the output tensors in avatar/pipeline/runner.py. This file parses
+the config, binds the stages to BLS calls on asr, llm, tts (and the renderer when Triton
+says it is ready), and wraps each request's response sender as a `TurnStream`.
 """
 
 from __future__ import annotations
 
 import json
-import threading
+import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from avatar.animation.emotion_classifier import EmotionClassifier
-from avatar.pipeline import (
-    FinalEvent,
-    PipelineConfig,
-    SentenceEvent,
-    SessionTurns,
-    Speech,
-    Stages,
-    TranscriptEvent,
-    TurnEvent,
-    TurnRequest,
-    parse_turn,
-    run_turn,
-)
+from avatar.animation.emotion_classifier import EmotionClassifier, SentenceTokenizer
+from avatar.pipeline import PipelineConfig, Speech, Stages, TurnRequest, parse_turn
+from avatar.pipeline.runner import RunnerConfig, Tensors, TurnRunner
+from avatar.pipeline.speech import TTS_OUTPUTS, speech_from_tts
 from avatar.triton import bls
+from avatar.triton.diagnostics import enable_crash_reports
 from avatar.triton.metrics import Counter, Gauge
 from avatar.triton.params import ModelParameters
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 LLM_OUTPUTS = ["text", "sentence", "finish_reason", "stats"]
-TTS_OUTPUTS = ["audio", "sample_rate", "sentence", "phonemes", "phoneme_starts", "phoneme_ends"]
+RENDERER_CHECK_S = 10.0  # how long an answer of is_model_ready(renderer) is trusted
 
 
 def _bytes(value: str) -> np.ndarray:
@@ -49,46 +40,74 @@ def _str(array: np.ndarray) -> str:
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
+        enable_crash_reports("avatar")
         params = ModelParameters(json.loads(args["model_config"]))
         self.asr_model = params.str("asr_model", "asr")
         self.llm_model = params.str("llm_model", "llm")
         self.tts_model = params.str("tts_model", "tts")
-        renderer = params.str("renderer_model", "renderer")
-        served = Path(args["model_repository"]).parent / renderer / "config.pbtxt"
-        self.renderer = renderer if served.is_file() else ""
-        self.render_batch = _max_batch(served) if self.renderer else 1
+        self.renderer_model = params.str("renderer_model", "renderer")
+        self.render_batch = params.int("render_batch", 16)
+        self._renderer_ready = (False, float("-inf"))
         self.max_tokens = params.int("max_tokens", 96)
         self.temperature = params.float("temperature", 0.7)
-        self.tts_timeout_us = int(params.float("tts_timeout_s", 30.0) * 1e6)
+        # also the longest silence of a tts stream before the sentence goes without audio
+        self.tts_timeout_s = params.float("tts_timeout_s", 30.0)
         self.max_audio_s = params.float("max_audio_seconds", 60.0)
-        # a superseding turn waits this long for the old one to end (memory settled)
-        self.settle_timeout_s = params.float("settle_timeout_s", 2.0)
-        self.config = PipelineConfig(
+        pipeline = PipelineConfig(
             llm_timeout_s=params.float("llm_timeout_s", PipelineConfig.llm_timeout_s),
             fallback_reply=params.str("fallback_reply", PipelineConfig.fallback_reply),
         )
-        self.turns = SessionTurns()
-        self.threads: set[threading.Thread] = set()
-        self.lock = threading.Lock()
-        # admission: a turn beyond this many running ones is refused at once ("busy")
-        self.max_active_turns = params.int("max_active_turns", 8)
-        self.active, self.sessions = Gauge("avatar", "turns"), Gauge("avatar", "sessions")
-        self.refused = Counter("avatar", "busy")
-        self.emotions = EmotionClassifier.load()
-        self.stages = Stages(
+        config = RunnerConfig(
+            max_active_turns=params.int("max_active_turns", RunnerConfig.max_active_turns),
+            settle_timeout_s=params.float("settle_timeout_s", RunnerConfig.settle_timeout_s),
+            pipeline=pipeline,
+        )
+        self.llm_timeout_s = pipeline.llm_timeout_s
+        # reply sentence -> tokens here -> embedding from the served encoder -> numpy head
+        self.emotion_model = params.str("emotion_model", "emotion_encoder")
+        self.tokenize = SentenceTokenizer()
+        self.emotions = EmotionClassifier.load(encoder=self._embed)
+        stages = Stages(
             self._transcribe,
             self._chat,
             self._speak,
-            self._render if self.renderer else None,
+            self._render,
             feel=self._feel,
             cut=self._cut,
         )
-        video = f"video via {renderer}" if self.renderer else f"no video ({renderer} not served)"
+        turns, sessions = Gauge("avatar", "turns"), Gauge("avatar", "sessions")
+        self.refused = Counter("avatar", "busy")
+        self.runner = TurnRunner(
+            stages,
+            config,
+            video=lambda: self.renderer_model if self._renderer_served() else "",
+            on_change=lambda active, open_sessions: (
+                turns.set(active),
+                sessions.set(open_sessions),
+            ),
+        )
         pb_utils.Logger.log_info(
-            f"avatar: {self.asr_model} -> {self.llm_model} -> {self.tts_model}; {video}"
+            f"avatar: {self.asr_model} -> {self.llm_model} -> {self.tts_model}; video from "
+            f"{self.renderer_model or 'nowhere'} while it is ready"
         )
 
     # ------------------------------------------------------------------ stages (BLS)
+    def _renderer_served(self) -> bool:
+        """Asked of Triton, at most every RENDERER_CHECK_S (a renderer may load later)."""
+        ready, asked = self._renderer_ready
+        if self.renderer_model and time.monotonic() - asked > RENDERER_CHECK_S:
+            try:
+                ready = bool(pb_utils.is_model_ready(self.renderer_model))
+            except Exception as error:  # e.g. not in the repository: no video
+                pb_utils.Logger.log_verbose(f"avatar: {self.renderer_model}: {error}")
+                ready = False
+            self._renderer_ready = (ready, time.monotonic())
+        return ready
+
+    def _embed(self, sentences) -> np.ndarray:
+        out = bls.infer(self.emotion_model, self.tokenize(sentences), ["embedding"])
+        return out["embedding"]
+
     def _feel(self, text: str) -> tuple[str, float]:
         emotion = self.emotions.predict(text)
         return emotion.label, emotion.intensity
@@ -114,7 +133,12 @@ class TritonPythonModel:
             inputs["session_id"] = _bytes(request.session_id)
         pending, stats = "", {}
         replies = bls.stream(
-            self.llm_model, inputs, LLM_OUTPUTS, request_id=request.turn_id, stop=stop
+            self.llm_model,
+            inputs,
+            LLM_OUTPUTS,
+            request_id=request.turn_id,
+            stop=stop,
+            idle_timeout_s=self.llm_timeout_s,
         )
         for out in replies:
             pending += _str(out["text"])
@@ -133,31 +157,37 @@ class TritonPythonModel:
         inputs = {"stop": np.array([True]), "spoken": _bytes(spoken)}
         if request.session_id:
             inputs["session_id"] = _bytes(request.session_id)
-        for out in bls.stream(self.llm_model, inputs, ["stats"], request_id=request.turn_id):
+        replies = bls.stream(
+            self.llm_model, inputs, ["stats"], request_id=request.turn_id, idle_timeout_s=10.0
+        )
+        for out in replies:
             outcome = json.loads(_str(out["stats"]) or "{}").get("stop", "")
             pb_utils.Logger.log_info(f"avatar: llm generation {request.turn_id}: {outcome}")
 
     def _speak(self, text: str, request: TurnRequest) -> Iterator[Speech]:
         inputs = {"text": _bytes(text), "seed": np.array([request.controls.seed], np.int64)}
-        for out in bls.stream(self.tts_model, inputs, TTS_OUTPUTS, self.tts_timeout_us):
-            yield Speech(
-                audio=out["audio"].reshape(-1),
-                sample_rate=int(out["sample_rate"].reshape(-1)[0]),
-                phonemes=[p.decode("utf-8") for p in out["phonemes"].reshape(-1)],
-                starts=out["phoneme_starts"].reshape(-1),
-                ends=out["phoneme_ends"].reshape(-1),
-                text=_str(out["sentence"]),
-            )
+        replies = bls.stream(
+            self.tts_model,
+            inputs,
+            TTS_OUTPUTS,
+            int(self.tts_timeout_s * 1e6),
+            idle_timeout_s=self.tts_timeout_s,
+        )
+        for out in replies:
+            yield speech_from_tts(out)
 
-    def _render(self, blendshapes: np.ndarray, head_pose: np.ndarray) -> np.ndarray:
-        """Frames [T, H, W, 3], in requests of at most the renderer's max_batch_size."""
+    def _render(self, blendshapes: np.ndarray, head_pose: np.ndarray) -> np.ndarray | None:
+        """Frames [T, H, W, 3] in requests of at most render_batch frames (the renderer's
+        max_batch_size); None while no renderer is served."""
+        if not self._renderer_served():
+            return None
         frames = []
         for at in range(0, len(blendshapes), self.render_batch):
             inputs = {
                 "blendshapes": blendshapes[at : at + self.render_batch],
                 "head_pose": head_pose[at : at + self.render_batch],
             }
-            frames.append(bls.infer(self.renderer, inputs, ["frames"])["frames"])
+            frames.append(bls.infer(self.renderer_model, inputs, ["frames"])["frames"])
         return np.concatenate(frames)
 
     # ------------------------------------------------------------------ requests
@@ -176,129 +206,34 @@ class TritonPythonModel:
                 pb_utils.Logger.log_warn(f"avatar: {type(error).__name__}: {error}")
                 sender.send(bls.error_response(error), flags=FINAL)
                 continue
-            thread = threading.Thread(
-                target=self._run, args=(turn, request, sender), name="avatar-turn", daemon=True
-            )
-            with self.lock:
-                busy = len(self.threads) >= self.max_active_turns
-                if not busy:
-                    self.threads.add(thread)
-                    self.active.set(len(self.threads))
-            if busy:
+            if not self.runner.submit(turn, _Stream(request, sender)):
                 self.refused.increment()
-                sender.send(_busy(self.max_active_turns), flags=FINAL)
-                continue
-            thread.start()
-
-    def _run(self, turn: TurnRequest, request, sender) -> None:
-        token = self.turns.begin(turn.session_id)
-        self.sessions.set(self.turns.active())
-        ended, lock = threading.Event(), threading.Lock()
-
-        def cancelled() -> str:
-            # A drained llm stream may still ask after the final response: never touch the
-            # request once its stream is closed.
-            with lock:
-                if ended.is_set():
-                    return "ended"
-                if request.is_cancelled():
-                    return "client"
-            return "superseded" if token.superseded else ""
-
-        def close(response) -> None:
-            self._release()  # the slot is free before the client learns the turn ended
-            with lock:
-                ended.set()
-                sender.send(response, flags=FINAL)
-
-        def emit(event: TurnEvent) -> None:
-            try:
-                if isinstance(event, FinalEvent):
-                    close(self._response(event))
-                else:
-                    sender.send(self._response(event))
-            except Exception as error:  # e.g. the client went away; the turn still ends
-                pb_utils.Logger.log_warn(f"avatar: could not send a response: {error}")
-
-        try:
-            final = run_turn(
-                turn,
-                self.stages,
-                emit,
-                cancelled,
-                self.config,
-                settled=lambda: token.wait_previous(self.settle_timeout_s),
-            )
-            if final.cancelled:
-                pb_utils.Logger.log_info(f"avatar: turn {token.number} {final.cancelled}")
-        except Exception as error:  # the turn fails as a whole (e.g. ASR); stream closed
-            pb_utils.Logger.log_warn(f"avatar: turn failed: {type(error).__name__}: {error}")
-            try:
-                close(bls.error_response(error))
-            except Exception as send_error:
-                pb_utils.Logger.log_warn(f"avatar: could not send the error: {send_error}")
-        finally:
-            self.turns.end(token)
-            self._release()
-            self.sessions.set(self.turns.active())
-
-    def _release(self) -> None:
-        """This turn no longer counts against max_active_turns (idempotent)."""
-        with self.lock:
-            self.threads.discard(threading.current_thread())
-            self.active.set(len(self.threads))
-
-    def _response(self, event: TurnEvent):
-        if isinstance(event, TranscriptEvent):
-            tensors = {"kind": _bytes("transcript"), "text": _bytes(event.text)}
-        elif isinstance(event, SentenceEvent):
-            tensors = _sentence_tensors(event)
-        else:
-            timings = dict(event.timings, cancelled=event.cancelled)
-            timings["video"] = self.renderer or "none: no renderer model served"
-            tensors = {
-                "kind": _bytes("final"),
-                "text": _bytes(event.reply),
-                "error": _bytes(json.dumps(event.errors)),
-                "timings": _bytes(json.dumps(timings)),
-            }
-        return pb_utils.InferenceResponse(
-            output_tensors=[pb_utils.Tensor(name, value) for name, value in tensors.items()]
-        )
+                sender.send(_busy(self.runner.config.max_active_turns), flags=FINAL)
 
     def finalize(self) -> None:
-        with self.lock:
-            threads = list(self.threads)
-        for thread in threads:
-            thread.join(timeout=10.0)
+        self.runner.join(timeout_s=10.0)
         pb_utils.Logger.log_info("avatar: finalized")
 
 
-def _sentence_tensors(event: SentenceEvent) -> dict[str, np.ndarray]:
-    tensors = {
-        "kind": _bytes("sentence"),
-        "text": _bytes(event.text),
-        "sentence_index": np.array([event.index], np.int32),
-        "emotion": _bytes(event.emotion),
-        "start_time": np.array([event.start], np.float32),
-        "audio": event.audio.astype(np.float32),
-        "sample_rate": np.array([event.sample_rate], np.int32),
-        "fps": np.array([event.fps], np.float32),
-        "blendshapes": np.ascontiguousarray(event.blendshapes, np.float32),
-        "head_pose": np.ascontiguousarray(event.head_pose, np.float32),
-        "animation": _bytes(json.dumps(event.animation)),
-        "error": _bytes(event.error),
-    }
-    if event.frames is not None:
-        tensors["video"] = np.ascontiguousarray(event.frames, np.uint8)
-    return tensors
+class _Stream:
+    """A request's response sender as the runner's `TurnStream`."""
 
+    def __init__(self, request, sender) -> None:
+        self.request, self.sender = request, sender
+        self.requested = bls.requested_outputs(request)
 
-def _max_batch(config: Path) -> int:
-    """The renderer's max_batch_size from its config (1 when it does not batch)."""
-    from avatar.repository import parse_config
+    def is_cancelled(self) -> bool:
+        return bls.is_cancelled(self.request)
 
-    return max(1, int(parse_config(config).max_batch_size))
+    def send(self, tensors: Tensors, final: bool = False) -> None:
+        response = bls.response(tensors, self.requested)
+        if final:
+            self.sender.send(response, flags=FINAL)
+        else:
+            self.sender.send(response)
+
+    def fail(self, error: Exception) -> None:
+        self.sender.send(bls.error_response(error), flags=FINAL)
 
 
 def _busy(limit: int):

@@ -11,6 +11,7 @@ import triton_python_backend_utils as pb_utils
 from avatar.pipeline.request import Controls
 from avatar.pipeline.speech import animate_utterance, animation_json
 from avatar.triton import bls
+from avatar.triton.diagnostics import enable_crash_reports
 
 
 def _strings(array: np.ndarray) -> list[str]:
@@ -19,14 +20,15 @@ def _strings(array: np.ndarray) -> list[str]:
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
+        enable_crash_reports("avatar_animate")
         pb_utils.Logger.log_info("avatar_animate: ready")
 
     def execute(self, requests: list) -> list:
         return bls.answer_each("avatar_animate", requests, self._animate)
 
     def _animate(self, request):
-        controls_in = bls.input_array(request, "controls", optional=True)
-        controls = Controls.from_json(_strings(controls_in)[0] if controls_in is not None else "")
+        # one valid UTF-8 string, else RequestError (not an internal error)
+        controls = Controls.from_json(bls.input_text(request, "controls", optional=True) or "")
         duration = bls.input_array(request, "duration", optional=True)
         animation = animate_utterance(
             _strings(bls.input_array(request, "phonemes")),

@@ -10,16 +10,15 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from avatar.pipeline.speech import join_speech
-from avatar.pipeline.turn import Speech
+from avatar.pipeline.speech import TTS_OUTPUTS, join_speech, speech_from_tts
 from avatar.triton import bls
+from avatar.triton.diagnostics import enable_crash_reports
 from avatar.triton.params import ModelParameters
-
-TTS_OUTPUTS = ["audio", "sample_rate", "sentence", "phonemes", "phoneme_starts", "phoneme_ends"]
 
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
+        enable_crash_reports("avatar_speech")
         self.tts_model = ModelParameters(json.loads(args["model_config"])).str("tts_model", "tts")
         pb_utils.Logger.log_info(f"avatar_speech: via {self.tts_model}")
 
@@ -29,17 +28,12 @@ class TritonPythonModel:
     def _speak(self, request):
         text = bls.input_text(request, "text")  # one UTF-8 string, else RequestError
         pieces = [
-            Speech(
-                audio=out["audio"].reshape(-1),
-                sample_rate=int(out["sample_rate"].reshape(-1)[0]),
-                phonemes=[p.decode("utf-8") for p in out["phonemes"].reshape(-1)],
-                starts=out["phoneme_starts"].reshape(-1),
-                ends=out["phoneme_ends"].reshape(-1),
-            )
+            speech_from_tts(out)
             for out in bls.stream(
                 self.tts_model, {"text": np.array([text.encode()], object)}, TTS_OUTPUTS
             )
         ]
+        bls.is_cancelled(request)  # a helper-thread round trip: finished iterators may go
         speech = join_speech(pieces)
         tensors = {
             "audio": speech.audio,

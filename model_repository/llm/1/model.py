@@ -21,6 +21,7 @@ from avatar.llm.sampling import SamplingParams
 from avatar.llm.scheduler import Event
 from avatar.llm.tokenizer import Tokenizer
 from avatar.triton import bls
+from avatar.triton.diagnostics import enable_crash_reports
 from avatar.triton.metrics import Gauge
 from avatar.triton.params import ModelParameters
 
@@ -63,6 +64,7 @@ def _layout(folder: Path) -> KvLayout:
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
+        enable_crash_reports("llm")
         params = ModelParameters(json.loads(args["model_config"]))
         decoder_model = params.str("decoder_model", "llm_decoder")
         folder = _artifact_folder(Path(args["model_repository"]), decoder_model)
@@ -85,11 +87,16 @@ class TritonPythonModel:
     def execute(self, requests: list) -> None:
         for request in requests:
             sender = request.get_response_sender()
+            requested = bls.requested_outputs(request)
             try:
                 if _flag(request, "stop"):
-                    outcome = self.engine.stop(request.request_id(), _spoken(request))
+                    outcome = self.engine.stop(
+                        request.request_id(),
+                        _spoken(request),
+                        _text(request, "session_id", optional=True),
+                    )
                     stats = json.dumps({"stop": outcome})
-                    sender.send(_response("", "", "", stats), flags=FINAL)
+                    sender.send(_response("", "", "", stats, requested), flags=FINAL)
                     continue
                 turn = self.engine.parse(
                     _text(request, "messages"),
@@ -98,7 +105,7 @@ class TritonPythonModel:
                 )
                 self.engine.submit(
                     turn,
-                    self._counted(_Stream(sender).emit),
+                    self._counted(_Stream(sender, requested).emit),
                     request.is_cancelled,
                     request.request_id(),
                 )
@@ -129,8 +136,8 @@ class TritonPythonModel:
 class _Stream:
     """Maps scheduler events of one request to responses; closes the stream once."""
 
-    def __init__(self, sender):
-        self.sender = sender
+    def __init__(self, sender, requested: frozenset[str]):
+        self.sender, self.requested = sender, requested
 
     def emit(self, event: Event) -> None:
         try:
@@ -144,10 +151,11 @@ class _Stream:
             self.sender.send(pb_utils.InferenceResponse(error=message), flags=FINAL)
             return
         for chunk in event.chunks:
-            self.sender.send(_response(chunk.text, chunk.sentence or "", "", ""))
+            self.sender.send(_response(chunk.text, chunk.sentence or "", "", "", self.requested))
         if event.finish_reason is not None:
             stats = json.dumps(event.stats or {})
-            self.sender.send(_response("", "", event.finish_reason, stats), flags=FINAL)
+            response = _response("", "", event.finish_reason, stats, self.requested)
+            self.sender.send(response, flags=FINAL)
 
 
 def _text(request, name: str, optional: bool = False) -> str:
@@ -167,15 +175,9 @@ def _spoken(request) -> str | None:
     return bls.input_text(request, "spoken", optional=True)
 
 
-def _response(text: str, sentence: str, finish: str, stats: str):
-    def tensor(name: str, value: str):
-        return pb_utils.Tensor(name, np.array([value.encode("utf-8")], dtype=object))
-
-    return pb_utils.InferenceResponse(
-        output_tensors=[
-            tensor("text", text),
-            tensor("sentence", sentence),
-            tensor("finish_reason", finish),
-            tensor("stats", stats),
-        ]
+def _response(text: str, sentence: str, finish: str, stats: str, requested: frozenset[str]):
+    values = {"text": text, "sentence": sentence, "finish_reason": finish, "stats": stats}
+    return bls.response(
+        {name: np.array([value.encode("utf-8")], dtype=object) for name, value in values.items()},
+        requested,
     )

@@ -7,11 +7,13 @@ calls `tts_vits` through avatar.triton.bls, and streams the results.
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from avatar.triton import bls
+from avatar.triton.diagnostics import enable_crash_reports
 from avatar.triton.metrics import Gauge
 from avatar.triton.params import ModelParameters
 from avatar.tts.normalize import MAX_CHARS
@@ -25,6 +27,7 @@ VITS_OUTPUTS = ["audio", "audio_lengths", "durations"]
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
+        enable_crash_reports("tts")
         params = ModelParameters(json.loads(args["model_config"]))
         self.vits_model = params.str("vits_model", "tts_vits")
         self.max_chars = params.int("max_chars", MAX_CHARS)
@@ -32,6 +35,11 @@ class TritonPythonModel:
         phonemizer = Phonemizer(voice.config, params.int("max_phonemes", MAX_PHONEMES))
         self.synth = Synthesizer(phonemizer, self._infer, pad_to=params.int("pad_to", 64))
         self.active = Gauge("tts", "requests")
+        # requests are served concurrently, so that tts_vits's dynamic batcher sees
+        # sentences of several turns at once (espeak-ng itself runs under a lock)
+        self.pool = ThreadPoolExecutor(
+            max_workers=params.int("concurrent_requests", 4), thread_name_prefix="tts"
+        )
         pb_utils.Logger.log_info(
             f"tts: voice {voice.onnx_path.name} ({voice.config.sample_rate} Hz) via "
             f"{self.vits_model}"
@@ -42,8 +50,12 @@ class TritonPythonModel:
 
     def execute(self, requests: list) -> None:
         for request in requests:
-            sender = request.get_response_sender()
             self.active.add(1)
+            self.pool.submit(self._answer, request, request.get_response_sender())
+
+    def _answer(self, request, sender) -> None:
+        """One request, on a pool thread: its sentences, then the final flag (or error)."""
+        try:
             try:
                 self._serve(request, sender)
                 sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -52,8 +64,10 @@ class TritonPythonModel:
                 sender.send(
                     bls.error_response(error), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
                 )
-            finally:
-                self.active.add(-1)
+        except Exception as error:  # e.g. the client went away
+            pb_utils.Logger.log_warn(f"tts: could not answer: {error}")
+        finally:
+            self.active.add(-1)
 
     def _serve(self, request, sender) -> None:
         arrays = {"text": bls.input_array(request, "text")}
@@ -64,17 +78,18 @@ class TritonPythonModel:
         if prepared.cleaned.dropped:
             pb_utils.Logger.log_info(f"tts: dropped {len(prepared.cleaned.dropped)} characters")
         for index, chunk in enumerate(prepared.chunks):
-            if request.is_cancelled():
+            if bls.is_cancelled(request):
                 pb_utils.Logger.log_info(f"tts: cancelled after {index} sentences")
                 return
             (result,) = self.synth.synthesize_chunks([chunk], controls)
-            sender.send(_response(result, index))
+            sender.send(_response(result, index, bls.requested_outputs(request)))
 
     def finalize(self) -> None:
+        self.pool.shutdown(wait=True)  # every request still gets its final response
         pb_utils.Logger.log_info("tts: finalized")
 
 
-def _response(result: SentenceAudio, index: int):
+def _response(result: SentenceAudio, index: int, requested: frozenset[str]):
     tensors = {
         "audio": result.audio.astype(np.float32),
         "sample_rate": np.array([result.sample_rate], np.int32),
@@ -84,6 +99,4 @@ def _response(result: SentenceAudio, index: int):
         "phoneme_starts": result.starts.astype(np.float32),
         "phoneme_ends": result.ends.astype(np.float32),
     }
-    return pb_utils.InferenceResponse(
-        output_tensors=[pb_utils.Tensor(name, value) for name, value in tensors.items()]
-    )
+    return bls.response(tensors, requested)

@@ -1,0 +1,146 @@
+"""`avatar` command line: materialise a repository, serve it, run the demo."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from avatar.serving.deployment import PROJECT_ROOT, build_repository
+from avatar.serving.repository import TARGETS, RepositoryError
+from avatar.serving.server import DEFAULT_KEY_HEADER, PROTOCOLS, EmbeddedServer, ServerOptions
+
+log = logging.getLogger("avatar")
+DEFAULT_BUILD = PROJECT_ROOT / "build"
+
+
+def _materialize(args: argparse.Namespace) -> int:
+    try:
+        models = build_repository(args.out, args.target, args.models or None)
+    except RepositoryError as error:  # e.g. production without verified engines
+        log.error("%s", error)
+        return 1
+    for m in models:
+        log.info("%-14s served as %-8s (declared %s)", m.name, m.platform, m.declared_platform)
+    log.info("%s repository written to %s", args.target, args.out)
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    repo = args.out or DEFAULT_BUILD / "repository-embedded"
+    build_repository(repo, "embedded", args.models or None)
+    options = ServerOptions(
+        repo,
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        metrics_port=args.metrics_port,
+        api_key=args.api_key or os.environ.get("AVATAR_API_KEY", ""),
+        key_header=args.key_header,
+        restricted=tuple(args.restrict.split(",")),
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        heal=args.heal,
+    )
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    with EmbeddedServer(options) as server:
+        log.info(
+            "serving %s: gRPC %s, HTTP %s, metrics %s (log %s); Ctrl-C stops",
+            repo,
+            server.grpc_url,
+            server.http_url,
+            server.metrics_url,
+            server.log_path,
+        )
+        while not stop.wait(1.0):
+            if not server.is_running() and not options.heal:
+                log.error("tritonserver exited:\n%s", server.log_tail())
+                return 1
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    """A spoken question (packaged voice) -> the embedded server -> the avatar's answer as
+    build/demo/answer.mp4 (+ .wav, .json), driven by the gRPC chat client."""
+    import numpy as np
+
+    from avatar.audio import reference_speech, write_wav
+    from clients import chat
+
+    out = Path(args.out or DEFAULT_BUILD / "demo")
+    out.mkdir(parents=True, exist_ok=True)
+    silence = np.zeros(8000, np.float32)
+    speech = reference_speech("Hello! What is your name, and what do you do?")
+    wav = write_wav(out / "question.wav", np.concatenate([silence, speech, silence]), 16000)
+    with tempfile.TemporaryDirectory(prefix="avatar-demo-") as tmp:
+        build_repository(Path(tmp) / "repository", "embedded")
+        with EmbeddedServer(ServerOptions(Path(tmp) / "repository")) as server:
+            controls = '{"max_tokens": 64, "seed": 7}'
+            return chat.main(
+                [str(wav), "--url", server.grpc_url, "--out", str(out), "--controls", controls]
+            )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="avatar", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    mat = sub.add_parser("materialize", help="write a runnable model repository for a target")
+    mat.add_argument("--target", choices=TARGETS, default="embedded")
+    mat.add_argument("--out", type=Path, required=True)
+    mat.add_argument("--models", nargs="*", help="default: every model in model_repository/")
+    mat.set_defaults(run=_materialize)
+
+    serve = sub.add_parser("serve", help="run the embedded tritonserver (CPU, python backend)")
+    serve.add_argument("--http-port", type=int, default=8000)
+    serve.add_argument("--grpc-port", type=int, default=8001)
+    serve.add_argument("--metrics-port", type=int, default=8002)
+    serve.add_argument("--models", nargs="*", help="default: every model in model_repository/")
+    serve.add_argument("--out", type=Path, help="where to materialise (default build/)")
+    serve.add_argument(
+        "--api-key",
+        default="",
+        help="require this key (header --key-header) on the --restrict protocols; "
+        "default: $AVATAR_API_KEY, none when unset",
+    )
+    serve.add_argument("--key-header", default=DEFAULT_KEY_HEADER)
+    serve.add_argument(
+        "--restrict",
+        default="inference,model-repository",
+        help=f"comma-separated protocol groups that need the key, of {','.join(PROTOCOLS)}",
+    )
+    serve.add_argument("--tls-cert", type=Path, help="PEM server certificate: gRPC over TLS")
+    serve.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
+    serve.add_argument(
+        "--heal",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="reload a model whose python-backend stub died, restart the server when a "
+        "BLS model's stub died or the server exited (explicit model control; "
+        "avatar/serving/supervisor.py); on by default",
+    )
+    serve.set_defaults(run=_serve)
+
+    demo = sub.add_parser("demo", help="start the embedded server and drive it from a client")
+    demo.add_argument(
+        "--out", type=Path, help="where the demo writes its files (default build/demo)"
+    )
+    demo.set_defaults(run=_demo)
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    return int(args.run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+"""Artifacts + materialisation + embedded server: what `avatar serve`, the demo and the
+tests' server fixture share."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+
+from avatar.serving.repository import MaterializedModel, is_native, materialize, parse_config
+
+log = logging.getLogger(__name__)
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+SOURCE_REPOSITORY = PROJECT_ROOT / "model_repository"
+
+
+def model_names(source: Path = SOURCE_REPOSITORY) -> list[str]:
+    return sorted(p.parent.name for p in Path(source).glob("*/config.pbtxt"))
+
+
+def build_repository(
+    output: Path,
+    target: str = "embedded",
+    models: Iterable[str] | None = None,
+    source: Path = SOURCE_REPOSITORY,
+) -> list[MaterializedModel]:
+    """Build the artifacts the chosen models need (cached) and materialise them."""
+    from export.registry import ensure_all
+
+    names = sorted(models) if models else model_names(source)
+    native = [n for n in names if is_native(parse_config(Path(source) / n / "config.pbtxt"))]
+    artifacts = ensure_all(native) if native else {}
+    return materialize(source, output, target, artifacts, names)

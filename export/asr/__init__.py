@@ -1,0 +1,1 @@
+"""Whisper ASR export: encoder/decoder recipes, weights, test clips, report, TensorRT profile."""

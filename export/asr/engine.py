@@ -1,0 +1,57 @@
+"""TensorRT engine recipes for `asr_encoder` and `asr_decoder` (production target): trtexec
+command lines whose shape profiles come from the export's sidecar (input names and the named
+dynamic axes) and from the serving limits below.
+
+TensorRT cannot be installed on the project machines (README: deploying on a GPU host);
+`build_engine` runs where `trtexec` exists (NGC TensorRT / Triton containers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from avatar.asr.features import N_FRAMES
+from avatar.sidecar import Sidecar
+from export.tensorrt import engine
+from export.tensorrt.engine import Range, ShapeProfile
+
+MAX_BATCH = 8  # max_batch_size of both configs
+MAX_TEXT = 448  # Whisper's text context
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile(ShapeProfile):
+    """min/opt/max of each dynamic axis, by the names the sidecar gives them.
+
+    frames/positions go down to a 3-s window so that the asr model's `window_step` option
+    can use the same engine; the self-attention cache starts empty (past = 0).
+    """
+
+    batch: Range = (1, 4, MAX_BATCH)
+    frames: Range = (300, N_FRAMES, N_FRAMES)
+    positions: Range = (150, N_FRAMES // 2, N_FRAMES // 2)
+    tokens: Range = (1, 1, 3)  # <|sot|>, then <|lang|><|task|>[<|notimestamps|>]
+    past: Range = (0, 32, MAX_TEXT - 1)
+
+
+# INT8 changed transcripts on ONNX Runtime (python -m export.asr --report): not offered.
+PRECISIONS = ("fp32", "fp16")
+
+
+def trtexec_command(
+    onnx_path: Path,
+    engine_path: Path,
+    sidecar: Sidecar,
+    precision: str = "fp16",
+    profile: Profile | None = None,
+) -> list[str]:
+    """The trtexec call that builds `engine_path` (fp32 or fp16)."""
+    return engine.trtexec_command(
+        onnx_path, engine_path, sidecar, profile or Profile(), precision, allowed=PRECISIONS
+    )
+
+
+def build_engine(artifact: Path, precision: str = "fp16") -> Path:
+    """`artifact/model.onnx` -> `artifact/model.plan` (needs TensorRT)."""
+    return engine.build_engine(artifact, Profile(), precision, allowed=PRECISIONS)

@@ -1,0 +1,273 @@
+"""Whisper -> ONNX: `asr_encoder` and `asr_decoder` (KV cache) artifact recipes.
+
+    python -m export.asr              build (or find cached) both artifacts, print their folders
+    python -m export.asr --report     measured figures: transcripts vs faster-whisper, timings,
+                                      short encoder windows, INT8 / FP16 variants
+
+Each build traces on one set of shapes and verifies on others against the torch model (and,
+for the decoder, against transformers' own full-sequence forward). Variants `model.int8.onnx`
+(dynamic per-channel INT8 weights) and `model.fp16.onnx` are written next to `model.onnx`;
+they are measured by the report, never the default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from avatar.sidecar import Sidecar, sha256_file
+from export.common import (
+    ArtifactRecipe,
+    Tolerance,
+    compare_outputs,
+    describe_onnx,
+    ensure,
+    onnx_session,
+    worst,
+)
+from export.onnx_edit import set_output_dims
+
+log = logging.getLogger(__name__)
+
+OPSET = 17
+HERE = Path(__file__).parent
+ENCODER_TOLERANCE = {
+    "encoder_hidden_states": Tolerance(2e-3, 1e-3),
+    "cross_kv": Tolerance(2e-3, 1e-3),
+}
+DECODER_TOLERANCE = {"logits": Tolerance(2e-3, 1e-3), "self_kv_out": Tolerance(1e-3, 1e-3)}
+
+
+class _WhisperRecipe(ArtifactRecipe):
+    code_files = (HERE / "modules.py", HERE / "weights.py", HERE.parent / "onnx_edit.py")
+
+    def __init__(self, source: str | None = None, variants: bool = False):
+        self.source = source  # None: the packaged CTranslate2 Whisper base
+        self.variants = variants  # INT8/FP16 files beside model.onnx (on request)
+
+    def key_inputs(self) -> dict[str, str]:
+        extra = {"variants": "int8,fp16"} if self.variants else {}
+        if self.source is None:
+            from export.asr.weights import packaged_parts
+
+            return {p.name: sha256_file(p) for p in packaged_parts()} | extra
+        return {"source": str(self.source)} | extra
+
+    def _model(self):  # -> WhisperForConditionalGeneration
+        import torch
+
+        from export.asr.weights import load_whisper
+
+        torch.manual_seed(0)
+        return load_whisper(self.source)
+
+    def _variants(self, out_dir: Path) -> None:
+        if not self.variants:
+            return
+        import onnx
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+        from onnxruntime.transformers.float16 import convert_float_to_float16
+
+        root = logging.getLogger()
+        level = root.level
+        root.setLevel(max(level, logging.WARNING))  # the quantizer logs at INFO on the root
+        try:
+            quantize_dynamic(
+                out_dir / "model.onnx",
+                out_dir / "model.int8.onnx",
+                weight_type=QuantType.QInt8,
+                per_channel=True,
+                op_types_to_quantize=["MatMul", "Gemm"],
+            )
+        finally:
+            root.setLevel(level)
+        fp16 = convert_float_to_float16(onnx.load(str(out_dir / "model.onnx")), keep_io_types=True)
+        onnx.save(fp16, str(out_dir / "model.fp16.onnx"))
+
+    def _sidecar(self, path: Path, validation: dict, notes: list[str]) -> Sidecar:
+        inputs, outputs = describe_onnx(path)
+        return Sidecar(
+            model=self.name,
+            inputs=inputs,
+            outputs=outputs,
+            batch_axis=0,
+            opset=OPSET,
+            source=self.key_inputs(),
+            validation=validation,
+            notes=notes,
+        )
+
+
+class EncoderRecipe(_WhisperRecipe):
+    """mel [batch, 80, frames] -> encoder_hidden_states [batch, positions, 512],
+    cross_kv [batch, 12, 8, positions, 64] (positions = frames / 2)."""
+
+    name = "asr_encoder"
+
+    def build(self, out_dir: Path) -> Sidecar:
+        import torch
+
+        from export.asr.modules import WhisperEncoderExport
+
+        model = self._model()
+        module = WhisperEncoderExport(model).eval()
+        n_mels = model.config.num_mel_bins
+        trace = torch.randn(2, n_mels, 3000)
+        path = out_dir / "model.onnx"
+        with torch.no_grad():
+            torch.onnx.export(
+                module,
+                (trace,),
+                str(path),
+                input_names=["mel"],
+                output_names=["encoder_hidden_states", "cross_kv"],
+                dynamic_axes={
+                    "mel": {0: "batch", 2: "frames"},
+                    "encoder_hidden_states": {0: "batch", 1: "positions"},
+                    "cross_kv": {0: "batch", 3: "positions"},
+                },
+                opset_version=OPSET,
+                dynamo=False,
+            )
+        kv_dims = [2 * model.config.decoder_layers, model.config.decoder_attention_heads]
+        head = model.config.d_model // model.config.decoder_attention_heads
+        set_output_dims(path, {"cross_kv": ["batch", *kv_dims, "positions", head]})
+        session = onnx_session(path, threads=2)
+        rng = np.random.default_rng(1)
+        comparisons = []
+        for batch, frames in ((1, 3000), (3, 1000)):  # not the traced shapes
+            mel = rng.uniform(-1.0, 1.5, (batch, n_mels, frames)).astype(np.float32)
+            with torch.no_grad():
+                hidden, kv = module(torch.from_numpy(mel))
+                full = (
+                    model.model.encoder(torch.from_numpy(mel)).last_hidden_state
+                    if frames == 3000
+                    else hidden
+                )
+            reference = {"encoder_hidden_states": hidden.numpy(), "cross_kv": kv.numpy()}
+            got = dict(
+                zip(
+                    ["encoder_hidden_states", "cross_kv"],
+                    session.run(None, {"mel": mel}),
+                    strict=True,
+                )
+            )
+            comparisons += compare_outputs(
+                reference, got, ENCODER_TOLERANCE, f"batch {batch}, {frames} frames"
+            )
+            comparisons += compare_outputs(
+                {"encoder_hidden_states": full.numpy()}, got,
+                {"encoder_hidden_states": Tolerance(5e-3, 1e-3)}, "vs transformers",
+            )  # fmt: skip
+        self._variants(out_dir)
+        return self._sidecar(
+            path,
+            {"vs_torch": worst(comparisons)},
+            ["frames may be < 3000: positions use the first frames/2 positional embeddings"],
+        )
+
+
+class DecoderRecipe(_WhisperRecipe):
+    """tokens [batch, tokens] int64, self_kv [batch, 12, 8, past, 64], cross_kv [batch, 12, 8,
+    positions, 64] -> logits [batch, 51865] (last position), self_kv_out [batch, 12, 8, past +
+    tokens, 64]."""
+
+    name = "asr_decoder"
+
+    def build(self, out_dir: Path) -> Sidecar:
+        import torch
+
+        from export.asr.modules import WhisperDecoderExport, WhisperEncoderExport
+
+        model = self._model()
+        module = WhisperDecoderExport(model).eval()
+        cfg = model.config
+        layers, heads = cfg.decoder_layers, cfg.decoder_attention_heads
+        dh = cfg.d_model // heads
+        trace = (
+            torch.randint(0, 50000, (2, 2)),
+            torch.randn(2, 2 * layers, heads, 3, dh),
+            torch.randn(2, 2 * layers, heads, 1500, dh),
+        )
+        path = out_dir / "model.onnx"
+        with torch.no_grad():
+            torch.onnx.export(
+                module,
+                trace,
+                str(path),
+                input_names=["tokens", "self_kv", "cross_kv"],
+                output_names=["logits", "self_kv_out"],
+                dynamic_axes={
+                    "tokens": {0: "batch", 1: "tokens"},
+                    "self_kv": {0: "batch", 3: "past"},
+                    "cross_kv": {0: "batch", 3: "positions"},
+                    "logits": {0: "batch"},
+                    "self_kv_out": {0: "batch", 3: "total"},
+                },
+                opset_version=OPSET,
+                dynamo=False,
+            )
+        set_output_dims(path, {"self_kv_out": ["batch", 2 * layers, heads, "total", dh]})
+        session = onnx_session(path, threads=2)
+        rng = np.random.default_rng(2)
+        comparisons = []
+        encoder = WhisperEncoderExport(model).eval()
+        mel = torch.from_numpy(
+            rng.uniform(-1.0, 1.5, (3, cfg.num_mel_bins, 3000)).astype(np.float32)
+        )
+        ids = torch.tensor([[50258, 50259, 50359, 50364, 400, 1002, 13]] * 3) + torch.tensor(
+            [[0], [1], [2]]
+        ) * torch.tensor([0, 0, 0, 0, 1, 1, 1])
+        with torch.no_grad():
+            _, cross = encoder(mel)
+            full = model(input_features=mel, decoder_input_ids=ids).logits[:, -1].numpy()
+        kv = np.zeros((3, 2 * layers, heads, 0, dh), np.float32)
+        for lo, hi in ((0, 1), (1, 3), (3, 4), (4, 7)):  # empty past, 1 and 3 new tokens
+            feeds = {"tokens": ids[:, lo:hi].numpy(), "self_kv": kv, "cross_kv": cross.numpy()}
+            with torch.no_grad():
+                ref = module(*(torch.from_numpy(v) for v in feeds.values()))
+            got = dict(zip(["logits", "self_kv_out"], session.run(None, feeds), strict=True))
+            reference = {"logits": ref[0].numpy(), "self_kv_out": ref[1].numpy()}
+            comparisons += compare_outputs(reference, got, DECODER_TOLERANCE, f"tokens {lo}:{hi}")
+            kv = got["self_kv_out"]
+        comparisons += compare_outputs(
+            {"logits": full},
+            got,
+            {"logits": Tolerance(5e-3, 1e-3)},
+            "vs transformers full sequence",
+        )
+        self._variants(out_dir)
+        return self._sidecar(path, {"vs_torch": worst(comparisons)}, [])
+
+
+def build_all(
+    source: str | None = None, force: bool = False, variants: bool = False
+) -> tuple[Path, Path]:
+    """(encoder folder, decoder folder), built or found in the cache."""
+    return (
+        ensure(EncoderRecipe(source, variants), force=force),
+        ensure(DecoderRecipe(source, variants), force=force),
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--source", help="Whisper checkpoint: CT2 folder, HF folder or hub id")
+    parser.add_argument("--force", action="store_true", help="rebuild even if cached")
+    parser.add_argument("--report", action="store_true", help="print measured figures")
+    parser.add_argument("--clips", type=int, default=None, help="report: number of clips")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    # the report compares the INT8/FP16 variants: build them with it
+    encoder, decoder = build_all(args.source, args.force, variants=args.report)
+    log.info("asr_encoder: %s", encoder)
+    log.info("asr_decoder: %s", decoder)
+    if args.report:
+        from export.asr.report import report
+
+        report(encoder, decoder, args.clips)

@@ -1,0 +1,160 @@
+"""Measured figures of the ASR export (`python -m export.asr --report`), printed, not asserted.
+
+- transcripts through ONNX Runtime vs faster-whisper (same weights, float32, greedy,
+  temperature 0, no conditioning on previous text) on the Piper clips and one > 30-s clip;
+- encoder ms per window length, decoder ms per token (1 thread);
+- short encoder windows (padding short audio to a multiple of n frames, not 3000);
+- the INT8 and FP16 variants: identical transcripts, word error rate, speed;
+- lockstep batching: 8 utterances decoded together vs one after another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+
+from avatar.asr.features import SAMPLE_RATE
+from avatar.asr.greedy import WhisperRuntime
+from avatar.asr.onnx_runtime import OnnxWhisperRuntime
+from avatar.asr.transcribe import AsrOptions, transcribe
+from avatar.asr.vocab import WhisperVocab
+from export.asr.clips import Clip, clips
+from export.asr.weights import packaged_ct2_dir
+from export.common import cache_root
+
+log = logging.getLogger(__name__)
+
+
+def words(text: str) -> list[str]:
+    return re.sub(r"[^\w\s']", " ", text.lower()).split()
+
+
+def wer(reference: str, hypothesis: str) -> float:
+    """Word error rate (edit distance over words / reference words) after lower-casing and
+    dropping punctuation."""
+    ref, hyp = words(reference), words(hypothesis)
+    row = list(range(len(hyp) + 1))
+    for i, r in enumerate(ref, 1):
+        prev, row[0] = row[0], i
+        for j, h in enumerate(hyp, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (r != h))
+    return row[-1] / max(1, len(ref))
+
+
+def long_clip(parts: list[Clip], pause_s: float = 0.6) -> Clip:
+    """Clips joined with pauses into one utterance (> 30 s with enough parts)."""
+    gap = np.zeros(int(pause_s * SAMPLE_RATE), np.float32)
+    audio = np.concatenate([x for c in parts for x in (c.audio, gap)])
+    return Clip(" ".join(c.text for c in parts), audio)
+
+
+def reference_transcripts(items: list[Clip]) -> list[str]:
+    """faster-whisper's transcripts (float32, greedy, temperature 0, no previous-text prompt),
+    cached per (model, audio) under the artifact cache: the reference never changes."""
+    from faster_whisper import WhisperModel
+
+    folder = packaged_ct2_dir()
+    cache = cache_root() / "asr_reference"
+    cache.mkdir(parents=True, exist_ok=True)
+    model = None
+    out = []
+    for clip in items:
+        digest = hashlib.sha256(folder.name.encode() + clip.audio.tobytes()).hexdigest()[:20]
+        path = cache / f"{digest}.json"
+        if path.is_file():
+            out.append(json.loads(path.read_text(encoding="utf-8"))["text"])
+            continue
+        if model is None:
+            model = WhisperModel(str(folder), device="cpu", compute_type="float32", cpu_threads=1)
+        segments, _ = model.transcribe(
+            clip.audio, beam_size=1, temperature=0.0, condition_on_previous_text=False
+        )
+        out.append("".join(s.text for s in segments).strip())
+        path.write_text(json.dumps({"text": out[-1], "clip": clip.text}), encoding="utf-8")
+    return out
+
+
+def _ms(fn, repeat: int = 3) -> float:
+    fn()  # warm-up
+    start = time.perf_counter()
+    for _ in range(repeat):
+        fn()
+    return (time.perf_counter() - start) / repeat * 1000
+
+
+def encoder_ms(runtime: WhisperRuntime, frames: int, batch: int = 1) -> float:
+    mel = np.random.default_rng(0).uniform(-1, 1, (batch, 80, frames)).astype(np.float32)
+    return _ms(lambda: runtime.encode(mel))
+
+
+def decoder_ms_per_token(runtime: WhisperRuntime, batch: int = 1, past: int = 20) -> float:
+    cross = runtime.encode(np.zeros((batch, 80, 3000), np.float32))
+    kv = np.zeros((batch, cross.shape[1], cross.shape[2], past, cross.shape[4]), np.float32)
+    tokens = np.full((batch, 1), 440, np.int64)
+    return _ms(lambda: runtime.decode(tokens, kv, cross), repeat=10)
+
+
+def _compare(name: str, got: list[str], refs: list[str], texts: list[str]) -> None:
+    same = sum(g == r for g, r in zip(got, refs, strict=True))
+    wer_text = np.mean([wer(t, g) for t, g in zip(texts, got, strict=True)])
+    wer_ref = np.mean([wer(r, g) for r, g in zip(refs, got, strict=True)])
+    print(f"{name:34s} identical to faster-whisper {same}/{len(refs)}   "
+          f"WER vs text {wer_text:.3f}   WER vs faster-whisper {wer_ref:.3f}")  # fmt: skip
+    for g, r in zip(got, refs, strict=True):
+        if g != r:
+            print(f"    differs: {g!r}\n         ref {r!r}")
+
+
+def report(encoder_dir: Path, decoder_dir: Path, count: int | None = None) -> None:
+    ct2 = packaged_ct2_dir()
+    vocab = WhisperVocab.load(ct2 / "tokenizer.json", ct2 / "config.json")
+    items = clips(count)
+    items.append(long_clip(clips()[:12]))
+    print(f"clips: {len(items)} ({sum(c.seconds for c in items):.0f} s, the last one "
+          f"{items[-1].seconds:.1f} s long)")  # fmt: skip
+    refs = reference_transcripts(items)
+    texts = [c.text for c in items]
+    audios = [c.audio for c in items]
+
+    fp32 = OnnxWhisperRuntime(encoder_dir / "model.onnx", decoder_dir / "model.onnx")
+    started = time.perf_counter()
+    got = [transcribe(fp32, vocab, [a])[0].text for a in audios]
+    print(f"ONNX Runtime fp32, one at a time: {time.perf_counter() - started:.1f} s")
+    _compare("fp32, 3000-frame windows", got, refs, texts)
+    for step in (1000, 500):
+        options = AsrOptions(window_step=step)
+        short = [transcribe(fp32, vocab, [a], options)[0].text for a in audios]
+        _compare(f"fp32, windows padded to {step}*k", short, refs, texts)
+
+    print("\nencoder ms (1 thread, batch 1):")
+    for frames in (3000, 1000, 500, 300):
+        print(
+            f"  {frames:5d} frames ({frames / 100:4.1f} s window): {encoder_ms(fp32, frames):7.1f}"
+        )
+    for batch in (1, 8):
+        print(f"decoder ms per token, batch {batch}, 20 past tokens: "
+              f"{decoder_ms_per_token(fp32, batch):.1f}")  # fmt: skip
+
+    started = time.perf_counter()
+    transcribe(fp32, vocab, audios[:8])
+    batched = time.perf_counter() - started
+    started = time.perf_counter()
+    for a in audios[:8]:
+        transcribe(fp32, vocab, [a])
+    single = time.perf_counter() - started
+    print(f"8 clips: lockstep batch {batched:.1f} s, one after another {single:.1f} s")
+
+    files = {"fp32": "model.onnx", "int8": "model.int8.onnx", "fp16": "model.fp16.onnx"}
+    for enc, dec in (("int8", "int8"), ("fp16", "fp16"), ("int8", "fp32"), ("fp32", "int8")):
+        runtime = OnnxWhisperRuntime(encoder_dir / files[enc], decoder_dir / files[dec])
+        got = [transcribe(runtime, vocab, [a])[0].text for a in audios]
+        print()
+        _compare(f"encoder {enc}, decoder {dec}", got, refs, texts)
+        print(f"  encoder ms 3000 frames: {encoder_ms(runtime, 3000):.1f}; decoder ms/token: "
+              f"{decoder_ms_per_token(runtime):.1f}")  # fmt: skip

@@ -1,0 +1,1 @@
+"""Audio-driven lipsync export: networks.lipsync as ONNX, verified."""

@@ -1,0 +1,1 @@
+"""LLM decoder export: checkpoint conversion, ONNX step, verification, report, TensorRT profile."""

@@ -1,0 +1,45 @@
+"""Figures for the LLM stage, printed (not asserted): decode step time per variant and
+batch size, greedy agreement of the variants, and (when the generation core is present)
+time to first token with/without the prefix cache and tokens/s at 1/4/8 streams."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from avatar.llm.decoder import OrtDecoder
+from avatar.sidecar import Sidecar
+from export.llm.verify import step_ms
+
+log = logging.getLogger(__name__)
+
+BATCHES = (1, 4, 8)
+
+
+def report(folder: Path, threads: int = 1) -> None:
+    """Print the figures of the artifact in `folder` (single-threaded ORT unless told)."""
+    sidecar = Sidecar.load(folder)
+    validation = sidecar.validation
+    print(f"artifact {folder}")
+    print(f"step check vs PyTorch: {json.dumps(validation['step'])}")
+    for label, record in validation["greedy_vs_pytorch"].items():
+        print(f"fp32 greedy vs PyTorch {label}: {record}")
+    for name, record in validation.get("variants", {}).items():
+        print(f"{name} vs fp32 (gate passed: {record['passes_gate']}; {record['gate']}):")
+        for key in ("batch1", "batch5_left_padded", "rows_independent"):
+            print(f"  {key}: {record[key]}")
+    print(f"default variant: {validation['default_variant']}")
+    print(f"ms per decode step (past 64, {threads} ORT thread):")
+    for name in ("model.onnx", *validation.get("variants", {})):
+        decoder = OrtDecoder(folder / name, threads=threads)
+        figures = {b: step_ms(decoder, b) for b in BATCHES}
+        cells = "  ".join(
+            f"batch {b}: {ms:6.1f} ms ({b * 1000 / ms:5.0f} tok/s)" for b, ms in figures.items()
+        )
+        print(f"  {name:18s} {cells}")
+    try:
+        from avatar.llm.bench import print_generation_figures
+    except ImportError:
+        return
+    print_generation_figures(folder, threads=threads)

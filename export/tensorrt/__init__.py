@@ -1,0 +1,1 @@
+"""TensorRT: one engine built and verified (engine), every stage + production repository (build)."""

@@ -1,0 +1,128 @@
+"""FP16 and INT8 (Q/DQ) variants of the `tts_vits` graph, as cached artifact recipes.
+
+FP16: every float tensor in half precision except the graph's inputs/outputs (kept FP32,
+so the Triton config is the same) and the ops listed in FP16_KEEP_FP32.
+INT8: static Q/DQ quantisation (TensorRT's explicit-precision format) of Conv,
+ConvTranspose and MatMul, per-channel symmetric weights and symmetric activations,
+calibrated with MinMax on CALIBRATION_SENTENCES (fixed seeds: reproducible).
+Neither is the served default unless it keeps quality: `python -m export.tts --report`.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from avatar.sidecar import Sidecar, sha256_file
+from avatar.tts.phonemes import Phonemizer, prepare
+from avatar.tts.synth import Controls, batch_inputs
+from avatar.tts.voice import packaged_voice
+from export.common import ArtifactRecipe, describe_onnx, ensure, onnx_session
+from export.tts.recipe import VitsRecipe
+
+log = logging.getLogger(__name__)
+
+PRECISIONS = ("fp16", "int8")
+# The duration predictor's spline flow and the length arithmetic stay FP32.
+FP16_KEEP_FP32 = ["Range", "CumSum", "NonZero", "Softplus", "Exp", "Ceil", "ReduceSum", "Pow"]
+CALIBRATION_SENTENCES = (
+    "Calibration uses sentences that the word error rate does not.",
+    "The orchestra tuned their instruments before the concert began.",
+    "Can you tell me where the train station is, please?",
+    "Seventeen small boats were anchored in the quiet harbour.",
+    "Wow! That was the loudest thunder I have ever heard.",
+    "Our meeting moved to half past three on Wednesday afternoon.",
+)
+
+
+def _fp16(source: Path, out: Path) -> None:
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    model = convert_float_to_float16(
+        onnx.load(str(source)), keep_io_types=True, op_block_list=FP16_KEEP_FP32
+    )
+    # The converter inserts the same Cast twice when a shared FP16 initializer feeds two
+    # FP32-kept ops: keep the first (same input, same output name).
+    produced: set[str] = set()
+    nodes = []
+    for node in model.graph.node:
+        if node.op_type == "Cast" and node.output[0] in produced:
+            continue
+        produced.update(node.output)
+        nodes.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    onnx.save(model, str(out))
+
+
+class _Calibration:
+    """onnxruntime CalibrationDataReader over CALIBRATION_SENTENCES (one item each)."""
+
+    def __init__(self) -> None:
+        voice = packaged_voice()
+        phonemizer = Phonemizer(voice.config)
+        controls = Controls.defaults(voice.config, seed=99)
+        chunks = [c for s in CALIBRATION_SENTENCES for c in prepare(s, phonemizer).chunks]
+        self.items = iter([batch_inputs([c.ids], [controls]) for c in chunks])
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self.items, None)
+
+
+def _int8(source: Path, out: Path) -> None:
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    quantize_static(
+        str(source),
+        str(out),
+        _Calibration(),
+        quant_format=QuantFormat.QDQ,
+        op_types_to_quantize=["Conv", "ConvTranspose", "MatMul"],
+        per_channel=True,
+        activation_type=QuantType.QInt8,
+        weight_type=QuantType.QInt8,
+        calibrate_method=CalibrationMethod.MinMax,
+        extra_options={"ActivationSymmetric": True, "WeightSymmetric": True},
+    )
+
+
+class VitsVariantRecipe(ArtifactRecipe):
+    """`tts_vits` in FP16 or INT8; same inputs and outputs as the FP32 export."""
+
+    code_files = (Path(__file__).with_name("recipe.py"), Path(__file__).with_name("graph.py"))
+
+    def __init__(self, precision: str):
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision {precision!r}: expected one of {PRECISIONS}")
+        self.precision = precision
+        self.name = f"tts_vits_{precision}"
+        self.fp32 = ensure(VitsRecipe())
+
+    def key_inputs(self) -> dict[str, str]:
+        return {"fp32": sha256_file(self.fp32 / "model.onnx"), "precision": self.precision}
+
+    def build(self, out_dir: Path) -> Sidecar:
+        path = out_dir / "model.onnx"
+        (_fp16 if self.precision == "fp16" else _int8)(self.fp32 / "model.onnx", path)
+        session = onnx_session(path)  # loads: a broken graph fails here
+        voice = packaged_voice()
+        chunk = prepare(CALIBRATION_SENTENCES[0], Phonemizer(voice.config)).chunks[0]
+        names = [o.name for o in session.get_outputs()]
+        session.run(names, batch_inputs([chunk.ids], [Controls.defaults(voice.config)]))
+        inputs, outputs = describe_onnx(path)
+        fp32 = Sidecar.load(self.fp32)
+        if [t.to_json() for t in inputs] != [t.to_json() for t in fp32.inputs]:
+            raise ValueError(f"{self.name}: inputs differ from the FP32 export")
+        return Sidecar(
+            model="tts_vits",
+            inputs=inputs,
+            outputs=outputs,
+            batch_axis=0,
+            opset=fp32.opset,
+            source={"model.onnx (fp32)": sha256_file(self.fp32 / "model.onnx")},
+            validation={"quality": "see python -m export.tts --report (WER, RTF)"},
+            notes=[f"precision {self.precision}", __doc__.split("\n\n")[1].replace("\n", " ")],
+        )

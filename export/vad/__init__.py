@@ -1,0 +1,1 @@
+"""Silero VAD export: the streaming VAD graph with batched state, verified."""

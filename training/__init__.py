@@ -1,0 +1,1 @@
+"""Model training, kept apart from export: the lipsync network and the emotion classifier."""

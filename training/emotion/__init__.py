@@ -1,0 +1,1 @@
+"""Sentence emotion classifier training and evaluation."""

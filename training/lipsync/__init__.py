@@ -1,0 +1,1 @@
+"""Lipsync training: synthesized speech with phoneme timings, training, held-out evaluation."""

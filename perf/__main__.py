@@ -4,6 +4,7 @@
   batching  max_batch_size x queue delay x instances per native model -> build/perf/batching/
   baseline  plain sequential Python vs the Triton `avatar` stream -> build/perf/baseline/
   sweep     one or more models' concurrency sweep (time windows until stable) -> CSV
+  asr-windows  encoder window length vs WER on real speech and time -> build/perf/asr/
 
 Against a running server (`--url`), or an embedded server it starts itself. Results are
 CSV + JSON (with the machine's load average: the project machines share 2 cores, so the
@@ -172,6 +173,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     bl.add_argument("--out", type=Path, default=DEFAULT_OUT / "baseline")
     bl.set_defaults(func=_baseline)
+
+    from perf import asr_windows
+
+    asr_windows.add_arguments(
+        sub.add_parser("asr-windows", help="ASR window length vs WER on real speech and time")
+    )
 
     args = parser.parse_args(argv)
     logging.basicConfig(

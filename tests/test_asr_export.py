@@ -12,7 +12,8 @@ from avatar.asr.onnx_runtime import OnnxWhisperRuntime
 from avatar.asr.transcribe import transcribe
 from avatar.asr.vocab import WhisperVocab
 from export.asr.clips import clips
-from export.asr.report import long_clip, reference_transcripts, wer
+from export.asr.report import long_clip, reference_transcripts
+from export.asr.wer import wer
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -95,7 +95,8 @@ def test_bad_requests_get_clear_errors(grpc_url, audio, rate, language, message)
 
 
 def test_long_audio_windows_and_vad(grpc_url):
-    from export.asr.report import long_clip, wer
+    from export.asr.report import long_clip
+    from export.asr.wer import wer
 
     clip = long_clip(clips()[:12])
     reference = reference_transcripts([clip])[0]

@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import re
 import time
 from pathlib import Path
 
@@ -26,25 +25,10 @@ from avatar.asr.transcribe import AsrOptions, transcribe
 from avatar.asr.vocab import WhisperVocab
 from export.asr.clips import Clip, clips
 from export.asr.weights import packaged_ct2_dir
+from export.asr.wer import wer
 from export.common import cache_root
 
 log = logging.getLogger(__name__)
-
-
-def words(text: str) -> list[str]:
-    return re.sub(r"[^\w\s']", " ", text.lower()).split()
-
-
-def wer(reference: str, hypothesis: str) -> float:
-    """Word error rate (edit distance over words / reference words) after lower-casing and
-    dropping punctuation."""
-    ref, hyp = words(reference), words(hypothesis)
-    row = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        prev, row[0] = row[0], i
-        for j, h in enumerate(hyp, 1):
-            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (r != h))
-    return row[-1] / max(1, len(ref))
 
 
 def long_clip(parts: list[Clip], pause_s: float = 0.6) -> Clip:

@@ -5,7 +5,8 @@
 encoder/decoder in ONNX Runtime, once per window setting, in one run:
 
 - `full`: every window padded to 3000 mel frames (30 s), the release behaviour;
-- `step N`: a window padded only to the next multiple of N frames (N/100 s).
+- `step N + M`: the speech plus at least M frames of padding, rounded up to a multiple of
+  N frames (100 frames per second).
 
 Per setting: corpus WER against the reference transcripts (case, punctuation and digits vs
 words do not count, `export.asr.wer`), transcripts that differ from the full-window ones,
@@ -35,14 +36,33 @@ from perf.report import DEFAULT_OUT
 
 log = logging.getLogger(__name__)
 OUT = DEFAULT_OUT / "asr"
-STEPS: tuple[int | None, ...] = (None, 1000, 500, 300, 100)
+# (step, margin) in mel frames (100 per second); (None, 0) is the 30-s window
+SETTINGS: tuple[tuple[int | None, int], ...] = (
+    (None, 0),
+    (1000, 0),
+    (500, 0),
+    (100, 0),
+    (100, 100),
+    (100, 200),
+    (100, 300),
+)
 
 
-def label(step: int | None) -> str:
-    return "full" if step is None else f"step {step}"
+def label(step: int | None, margin: int = 0) -> str:
+    if step is None:
+        return "full"
+    return f"step {step}" + (f" + {margin}" if margin else "")
 
 
-def run(steps=STEPS, repeat: int = 1, threads: int = 1) -> dict:
+def parse_setting(text: str) -> tuple[int | None, int]:
+    """ "full", "500" or "100+200" -> (step, margin)."""
+    if text == "full":
+        return None, 0
+    step, _, margin = text.partition("+")
+    return int(step), int(margin or 0)
+
+
+def run(settings=SETTINGS, repeat: int = 1, threads: int = 1) -> dict:
     """Transcripts, WER and times of every clip set under every window setting."""
     folders = ensure_all(["asr_encoder", "asr_decoder"])
     runtime = OnnxWhisperRuntime(
@@ -54,8 +74,8 @@ def run(steps=STEPS, repeat: int = 1, threads: int = 1) -> dict:
     results: dict = {"threads": threads, "repeat": repeat, "sets": {}}
     for name, items in sets.items():
         rows = {}
-        for step in steps:
-            options = AsrOptions(window_step=step)
+        for step, margin in settings:
+            options = AsrOptions(window_step=step, window_margin=margin)
             texts, times = [], []
             for clip in items:
                 for _ in range(repeat):
@@ -63,15 +83,16 @@ def run(steps=STEPS, repeat: int = 1, threads: int = 1) -> dict:
                     text = transcribe(runtime, vocab, [clip.audio], options)[0].text
                     times.append(time.perf_counter() - started)
                 texts.append(text)
-            rows[label(step)] = {
+            rows[label(step, margin)] = {
                 "step": step,
+                "margin": margin,
                 "wer": corpus_wer([c.text for c in items], texts),
                 "ms_p50": float(np.percentile(times, 50) * 1000),
                 "ms_p95": float(np.percentile(times, 95) * 1000),
                 "texts": texts,
             }
-            log.info("%s %s: WER %.3f", name, label(step), rows[label(step)]["wer"])
-        full = rows[label(None)]["texts"] if None in steps else None
+            log.info("%s %s: WER %.3f", name, label(step, margin), rows[label(step, margin)]["wer"])
+        full = rows["full"]["texts"] if "full" in rows else None
         for row in rows.values():
             pairs = [] if full is None else zip(row["texts"], full, strict=True)
             row["differs_from_full"] = None if full is None else sum(a != b for a, b in pairs)
@@ -106,7 +127,13 @@ def markdown(results: dict) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--steps", type=int, nargs="*", help="window steps (0 = full)")
+    parser.add_argument(
+        "--settings",
+        nargs="*",
+        type=parse_setting,
+        default=list(SETTINGS),
+        help='windows to compare: "full", STEP or STEP+MARGIN in mel frames (100 per second)',
+    )
     parser.add_argument("--repeat", type=int, default=1, help="timed runs per clip")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=OUT)
@@ -114,8 +141,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def command(args: argparse.Namespace) -> int:
-    steps = STEPS if args.steps is None else tuple(s or None for s in args.steps)
-    results = run(steps, args.repeat, args.threads)
+    results = run(args.settings, args.repeat, args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "windows.json").write_text(json.dumps(results, indent=1))
     table = markdown(results)

@@ -101,7 +101,11 @@ def test_long_audio_windows_and_vad(grpc_url):
     clip = long_clip(clips()[:12])
     reference = reference_transcripts([clip])[0]
     windows = _infer(grpc_url, clip.audio)
-    assert windows["text"][0, 0].decode() == reference  # never truncated
+    text = windows["text"][0, 0].decode()
+    # judged by WER against what was said (the last window is no longer 30 s, so words may
+    # differ from faster-whisper's), and never truncated
+    assert wer(clip.text, text) <= wer(clip.text, reference) + 0.02
+    assert len(text.split()) >= 0.95 * len(reference.split())
     vad = _infer(grpc_url, clip.audio, segmentation="vad")
     assert wer(reference, vad["text"][0, 0].decode()) < 0.1
     for result in (windows, vad):

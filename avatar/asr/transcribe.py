@@ -30,7 +30,12 @@ class AsrOptions:
     silence_peak: float = 1e-4  # audio whose peak is below this (-80 dBFS) is silence
     no_speech_threshold: float | None = 0.6  # skip a window whose <|nocaptions|> prob is higher
     log_prob_threshold: float = -1.0  # ...unless its average log-prob is above this
-    window_step: int | None = None  # None: 3000-frame windows; n: pad to a multiple of n frames
+    # Encoder windows in proportion to the audio: None = always 3000 frames (30 s, as
+    # Whisper was trained); n = the content plus at least `window_margin` frames of padding,
+    # rounded up to a multiple of n. Whisper needs that margin of silence after the speech:
+    # windows cut close to the last word make it repeat itself (python -m perf asr-windows).
+    window_step: int | None = None
+    window_margin: int = 0
 
 
 @dataclasses.dataclass
@@ -123,8 +128,11 @@ def split_segments(
     return segments, seek + (tokens[last - 1] - ts) * 2  # 2 mel frames per position
 
 
-def _window_frames(size: int, step: int | None) -> int:
-    return N_FRAMES if step is None else min(N_FRAMES, step * math.ceil(size / step))
+def window_frames(size: int, step: int | None, margin: int = 0) -> int:
+    """Mel frames of the encoder window for `size` frames of content."""
+    if step is None:
+        return N_FRAMES
+    return min(N_FRAMES, step * math.ceil((size + margin) / step))
 
 
 def transcribe(
@@ -141,7 +149,7 @@ def transcribe(
         states.append(_State(mel, 0 if silent else mel.shape[1] - 1, options.decode.language))
     while active := [s for s in states if s.seek < s.content_frames]:
         sizes = [min(N_FRAMES, s.content_frames - s.seek) for s in active]
-        frames = max(_window_frames(n, options.window_step) for n in sizes)
+        frames = max(window_frames(n, options.window_step, options.window_margin) for n in sizes)
         mel = np.stack(
             [
                 pad_or_trim(s.mel[:, s.seek : s.seek + n], frames)

@@ -24,13 +24,14 @@ MAX_TEXT = 448  # Whisper's text context
 class Profile(ShapeProfile):
     """min/opt/max of each dynamic axis, by the names the sidecar gives them.
 
-    frames/positions go down to a 3-s window so that the asr model's `window_step` option
-    can use the same engine; the self-attention cache starts empty (past = 0).
+    frames/positions go down to the asr model's smallest window (window_step 100 +
+    window_margin 300: 400 frames), optimised for a 3-s question (600 frames); the
+    self-attention cache starts empty (past = 0).
     """
 
     batch: Range = (1, 4, MAX_BATCH)
-    frames: Range = (300, N_FRAMES, N_FRAMES)
-    positions: Range = (150, N_FRAMES // 2, N_FRAMES // 2)
+    frames: Range = (400, 600, N_FRAMES)
+    positions: Range = (200, 300, N_FRAMES // 2)
     tokens: Range = (1, 1, 3)  # <|sot|>, then <|lang|><|task|>[<|notimestamps|>]
     past: Range = (0, 32, MAX_TEXT - 1)
 

@@ -59,6 +59,7 @@ class TritonPythonModel:
         # long audio: pieces per encoder/decoder request (their max_batch_size)
         self.stage_max_batch = params.int("stage_max_batch", 8)
         step = params.int("window_step", 0)
+        self.window_margin = params.int("window_margin", 0)
         self.decode = DecodeOptions(max_new_tokens=params.int("max_new_tokens", 224))
         self.window_step = step or None
         self.segmentation = params.str("segmentation", "windows")
@@ -85,6 +86,7 @@ class TritonPythonModel:
             decode=DecodeOptions(language=language, max_new_tokens=self.decode.max_new_tokens),
             max_seconds=self.max_seconds,
             window_step=self.window_step,
+            window_margin=self.window_margin,
         )
 
     @staticmethod

@@ -48,6 +48,20 @@ def sentence_end(text: str) -> int | None:
     return None
 
 
+_CLAUSE = re.compile(r"[,;:]\s+|\s[—–-]\s+")
+
+
+def clause_end(text: str, min_words: int) -> int | None:
+    """Index just after the first clause break (`,` `;` `:` or a dash, then whitespace)
+    preceded by at least `min_words` words, or None. For starting speech before a long
+    first sentence is complete: "Well, the museum opens at nine, ..." -> cut after "nine, "
+    with min_words 4. Commas inside numbers ("3,500") have no space after them."""
+    for match in _CLAUSE.finditer(text):
+        if len(text[: match.start()].split()) >= min_words:
+            return match.end()
+    return None
+
+
 def _is_boundary(text: str, match: re.Match) -> bool:
     if match.group(3):  # line break
         return True

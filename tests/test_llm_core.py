@@ -115,6 +115,26 @@ def test_sentence_splitter_marks_sentences_across_tokens():
     assert splitter.flush() == "ok"
 
 
+def test_first_piece_may_end_at_a_clause_then_whole_sentences():
+    splitter = SentenceSplitter(first_clause_words=4)
+    chunks = []
+    text = "Well, it costs 3,500 dollars, payable at the desk, sir. Then, after that, go left."
+    for word in text.split(" "):
+        chunks += splitter.push(word + " ")
+    pieces = [c.sentence for c in chunks if c.sentence]
+    # "Well," is too short to cut; "3,500" is a number; later clauses stay whole
+    assert pieces == [
+        "Well, it costs 3,500 dollars,",
+        "payable at the desk, sir.",
+        "Then, after that, go left.",
+    ]
+    assert "".join(c.text for c in chunks).strip() == text
+    short = SentenceSplitter(first_clause_words=4)
+    assert [c.sentence for c in short.push("Hi, I am Mia. ") if c.sentence] == ["Hi, I am Mia."]
+    off = SentenceSplitter()
+    assert [c.sentence for c in off.push(text + " ") if c.sentence][0].endswith("sir.")
+
+
 def test_bound_context_drops_oldest_turns_keeps_system():
     msgs = [Message("system", "S")]
     for i in range(5):

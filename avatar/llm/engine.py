@@ -23,7 +23,7 @@ from avatar.llm.decoder import Decoder
 from avatar.llm.sampling import Sampler, SamplingParams
 from avatar.llm.scheduler import Event, Generation, Scheduler
 from avatar.llm.session import SessionStore, bound_context
-from avatar.llm.stream import TextStream
+from avatar.llm.stream import SentenceSplitter, TextStream
 from avatar.llm.template import MAX_PROMPT_CHARS, Message, parse_messages, with_persona
 from avatar.llm.tokenizer import Tokenizer
 
@@ -44,6 +44,8 @@ class EngineConfig:
     prefix_cache_entries: int = 16
     sessions: int = 256
     max_prompt_chars: int = MAX_PROMPT_CHARS
+    # > 0: a reply's first piece for TTS may end at a clause break after this many words
+    first_clause_words: int = 0
     sampling: SamplingParams = dataclasses.field(default_factory=SamplingParams)
 
 
@@ -153,6 +155,7 @@ class ChatEngine:
             emit=on_event,
             is_cancelled=is_cancelled,
             cache_prefix=len(prefix_ids),
+            splitter=SentenceSplitter(self.config.first_clause_words),
         )
         if request_id:
             with self._lock:

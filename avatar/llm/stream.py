@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from avatar.sentences import sentence_end
+from avatar.sentences import clause_end, sentence_end
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,17 +20,31 @@ class Chunk:
 class SentenceSplitter:
     """Accumulates streamed text and cuts it where `avatar.sentences` says a sentence
     ends (after punctuation and whitespace, at line breaks; not after abbreviations,
-    initials or inside numbers)."""
+    initials or inside numbers).
 
-    def __init__(self) -> None:
+    first_clause_words > 0: the first piece of a reply may also end at a clause break
+    after that many words, so that TTS starts before a long first sentence is finished
+    (later pieces are whole sentences)."""
+
+    def __init__(self, first_clause_words: int = 0) -> None:
         self._pending = ""  # text of the current, unfinished sentence
+        self._clause_words = first_clause_words  # 0 once the first piece is out
+
+    def _cut(self) -> int | None:
+        cut = sentence_end(self._pending)
+        if self._clause_words:
+            clause = clause_end(self._pending, self._clause_words)
+            if clause is not None and (cut is None or clause < cut):
+                cut = clause
+        return cut
 
     def push(self, text: str) -> list[Chunk]:
         """Split `text` into chunks; each ends either a sentence or the given text."""
         chunks = []
         shown = len(self._pending)  # characters of the pending sentence already streamed
         self._pending += text
-        while (cut := sentence_end(self._pending)) is not None:
+        while (cut := self._cut()) is not None:
+            self._clause_words = 0
             chunks.append(Chunk(self._pending[shown:cut], self._pending[:cut].strip()))
             self._pending = self._pending[cut:]
             shown = max(0, shown - cut)

@@ -74,6 +74,7 @@ class TritonPythonModel:
             max_batch=params.int("max_batch", EngineConfig.max_batch),
             prefix_cache_entries=params.int("prefix_cache_entries", 16),
             sessions=params.int("sessions", EngineConfig.sessions),
+            first_clause_words=params.int("first_clause_words", 0),
             sampling=SamplingParams.from_json(json.loads(params.str("sampling", "{}"))),
         )
         decoder = TritonDecoder(decoder_model, _layout(folder))

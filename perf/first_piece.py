@@ -1,0 +1,140 @@
+"""Start speaking sooner: the reply's first piece for TTS at a clause break vs a full stop.
+
+`python -m perf first-piece` runs the LLM (`ChatEngine` over the exported decoder, ONNX
+Runtime, 1 thread, warm prefix cache) and the TTS voice in-process on the spoken questions,
+once per setting of `first_clause_words`, alternating settings per question in one run.
+The reply text is the same in every setting (fixed seed per question); only where the
+first piece ends differs. Per setting: ms from submit to the first piece, ms to synthesise
+it, their sum (the first audio, without ASR and transport), and the words of the piece;
+median and p95. Written to build/perf/first_piece/first_piece.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+
+from perf.report import DEFAULT_OUT
+
+log = logging.getLogger(__name__)
+OUT = DEFAULT_OUT / "first_piece"
+SETTINGS = (0, 4, 6, 8)
+# questions whose answers tend to open with a long sentence, and the demo's short ones
+QUESTIONS = (
+    "Can you tell me everything I need to know about checking in and out of the hotel?",
+    "What is there to do around here on a rainy afternoon with two kids?",
+    "Could you explain how the airport shuttle works, with times and prices?",
+    "I have a big meeting tomorrow morning, how should I prepare, and where can I print?",
+    "What restaurants would you recommend nearby, and which one is best for a birthday?",
+    "Hello! When can I check in?",
+    "Where is breakfast served?",
+    "How do I get to the station?",
+)
+
+
+def run(settings=SETTINGS, rounds: int = 2, max_tokens: int = 64) -> dict:
+    from avatar.llm.decoder import OrtDecoder
+    from avatar.llm.engine import ChatEngine, EngineConfig
+    from avatar.llm.sampling import SamplingParams
+    from avatar.llm.tokenizer import Tokenizer
+    from avatar.tts.phonemes import Phonemizer
+    from avatar.tts.synth import Controls, Synthesizer, onnx_infer
+    from avatar.tts.voice import packaged_voice
+    from export.common import onnx_session
+    from export.registry import ensure_all
+
+    art = ensure_all(["llm_decoder", "tts_vits"])
+    decoder, tokenizer = (
+        OrtDecoder(art["llm_decoder"] / "model.onnx"),
+        Tokenizer(art["llm_decoder"]),
+    )
+    voice = packaged_voice()
+    synth = Synthesizer(
+        Phonemizer(voice.config), onnx_infer(onnx_session(art["tts_vits"] / "model.onnx"))
+    )
+    engines = {
+        n: ChatEngine(
+            decoder,
+            tokenizer,
+            EngineConfig(first_clause_words=n, sampling=SamplingParams(max_tokens=max_tokens)),
+        )
+        for n in settings
+    }
+    for engine in engines.values():  # warm: the persona's prefix cache, ORT sessions
+        list(engine.chat(json.dumps([{"role": "user", "content": "Hi"}])))
+    list(synth.stream("Hello there.", Controls.defaults(voice.config, seed=0)))
+
+    rows: dict[int, list[dict]] = {n: [] for n in settings}
+    for round_ in range(rounds):
+        for q, question in enumerate(QUESTIONS):
+            order = settings if (q + round_) % 2 == 0 else tuple(reversed(settings))
+            sampling = json.dumps({"temperature": 0.7, "top_p": 0.9, "seed": q})
+            messages = json.dumps([{"role": "user", "content": question}])
+            for n in order:
+                started = time.perf_counter()
+                piece = None
+                for event in engines[n].chat(messages, "", sampling):
+                    if piece is None:
+                        piece = next((c.sentence for c in event.chunks if c.sentence), None)
+                        llm_s = time.perf_counter() - started
+                piece = piece or ""
+                synth_started = time.perf_counter()
+                controls = Controls.defaults(voice.config, seed=q)
+                next(iter(synth.stream(piece or ".", controls)), None)
+                tts_s = time.perf_counter() - synth_started
+                rows[n].append(
+                    {
+                        "question": q,
+                        "piece": piece,
+                        "words": len(piece.split()),
+                        "llm_ms": llm_s * 1000,
+                        "tts_ms": tts_s * 1000,
+                        "first_audio_ms": (llm_s + tts_s) * 1000,
+                    }
+                )
+    return {"rounds": rounds, "max_tokens": max_tokens, "questions": QUESTIONS, "rows": rows}
+
+
+def summary(results: dict) -> str:
+    lines = [
+        "| first_clause_words | first piece ms p50 / p95 | its TTS ms p50 / p95 "
+        "| first audio ms p50 / p95 | words p50 | vs 0 (p50) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    base = None
+    for n, rows in results["rows"].items():
+
+        def pct(key: str, rows=rows) -> tuple[float, float]:
+            values = [r[key] for r in rows]
+            return float(np.percentile(values, 50)), float(np.percentile(values, 95))
+
+        llm, tts, audio = pct("llm_ms"), pct("tts_ms"), pct("first_audio_ms")
+        base = audio[0] if base is None else base
+        lines.append(
+            f"| {n or 'off (full sentence)'} | {llm[0]:.0f} / {llm[1]:.0f} "
+            f"| {tts[0]:.0f} / {tts[1]:.0f} | {audio[0]:.0f} / {audio[1]:.0f} "
+            f"| {np.median([r['words'] for r in rows]):.0f} | {base / audio[0]:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--settings", type=int, nargs="*", default=list(SETTINGS))
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.set_defaults(func=command)
+
+
+def command(args: argparse.Namespace) -> int:
+    results = run(tuple(args.settings), args.rounds)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "first_piece.json").write_text(json.dumps(results, indent=1))
+    table = summary(results)
+    (args.out / "first_piece.md").write_text(table + "\n")
+    print(table)
+    return 0

@@ -5,6 +5,7 @@
   baseline  plain sequential Python vs the Triton `avatar` stream -> build/perf/baseline/
   sweep     one or more models' concurrency sweep (time windows until stable) -> CSV
   asr-windows  encoder window length vs WER on real speech and time -> build/perf/asr/
+  latency   spoken questions in real time, 1/2/4 sessions, today vs release -> build/perf/latency/
   first-piece  first TTS piece at a clause break vs a full stop -> build/perf/first_piece/
 
 Against a running server (`--url`), or an embedded server it starts itself. Results are
@@ -175,10 +176,13 @@ def main(argv: list[str] | None = None) -> int:
     bl.add_argument("--out", type=Path, default=DEFAULT_OUT / "baseline")
     bl.set_defaults(func=_baseline)
 
-    from perf import asr_windows, first_piece
+    from perf import asr_windows, first_piece, latency
 
     asr_windows.add_arguments(
         sub.add_parser("asr-windows", help="ASR window length vs WER on real speech and time")
+    )
+    latency.add_arguments(
+        sub.add_parser("latency", help="spoken turns in real time: where the time goes")
     )
     first_piece.add_arguments(
         sub.add_parser("first-piece", help="first TTS piece at a clause break vs a full stop")

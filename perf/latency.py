@@ -185,7 +185,15 @@ class Session:
         self.client.close()
 
 
-def run_level(url: str, sessions: int, per_session: int, end_silence_s: float, pause_s: float):
+def run_level(
+    url: str,
+    sessions: int,
+    per_session: int,
+    *,
+    end_silence_s: float,
+    pause_s: float,
+    settings: tuple[str, ...] = SETTINGS,
+) -> list[TurnRow]:
     """`sessions` speakers at once, each `per_session` questions per setting."""
     items = questions()
     rows: list[TurnRow] = []
@@ -194,13 +202,14 @@ def run_level(url: str, sessions: int, per_session: int, end_silence_s: float, p
     def speaker(index: int) -> None:
         session = Session(url, end_silence_s)
         try:
-            for q in range(per_session * len(SETTINGS)):
-                source, audio = items[(index * 7 + q // 2) % len(items)]
-                # both settings get every question; the order alternates per question
-                setting = SETTINGS[(q + q // 2 + index) % 2]
+            n = len(settings)
+            for q in range(per_session * n):
+                source, audio = items[(index * 7 + q // n) % len(items)]
+                # every setting gets every question; the order alternates per question
+                setting = settings[(q + q // n + index) % n]
                 row = TurnRow(sessions, setting, source, round(len(audio) / 16_000, 2), "")
                 try:
-                    session.turn(row, audio, seed=q // 2)
+                    session.turn(row, audio, seed=q // n)
                 except Exception as error:  # a broken turn is a figure, not the end
                     row.error = f"{type(error).__name__}: {error}"
                 with lock:
@@ -279,6 +288,13 @@ def markdown(summary: list[dict]) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", help="gRPC address of a running server with the *_release copies")
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument(
+        "--settings",
+        nargs="+",
+        choices=SETTINGS,
+        default=list(SETTINGS),
+        help="release needs the *_release copies (made when the command starts the server)",
+    )
     parser.add_argument("--questions", type=int, default=6, help="per session and setting")
     parser.add_argument("--end-silence-s", type=float, default=0.7, help="endpointer silence")
     parser.add_argument("--pause-s", type=float, default=1.0, help="pause after each turn")
@@ -301,7 +317,14 @@ def command(args: argparse.Namespace) -> int:
         rows: list[TurnRow] = []
         for sessions in args.sessions:
             log.info("%d session(s), %d questions per setting each", sessions, args.questions)
-            rows += run_level(url, sessions, args.questions, args.end_silence_s, args.pause_s)
+            rows += run_level(
+                url,
+                sessions,
+                args.questions,
+                end_silence_s=args.end_silence_s,
+                pause_s=args.pause_s,
+                settings=tuple(args.settings),
+            )
     summary = summarise(rows)
     meta = {"end_silence_s": args.end_silence_s, "pause_s": args.pause_s, "release": RELEASE}
     write_rows(rows, args.out / "turns", meta)

@@ -8,7 +8,7 @@ import pytest
 from avatar.asr.features import N_FRAMES, log_mel, pad_or_trim
 from avatar.asr.long_form import plan_pieces
 from avatar.asr.rules import apply_rules
-from avatar.asr.transcribe import check_audio, split_segments
+from avatar.asr.transcribe import check_audio, split_segments, window_frames
 from avatar.asr.vocab import WhisperVocab
 from avatar.errors import RequestError
 
@@ -159,3 +159,19 @@ def test_long_audio_is_transcribed_at_most_max_batch_pieces_at_a_time(monkeypatc
     result = long_form.transcribe_long(None, None, audio, speech, max_batch=8)
     assert calls == [8, 2]
     assert [round(s.start) for s in result.segments] == [round(40 * k - 0.2) for k in range(10)]
+
+
+def test_windows_in_proportion_to_the_audio_keep_a_margin_of_silence():
+    assert window_frames(250, None) == N_FRAMES  # the first release: always 30 s
+    assert window_frames(250, 100, 300) == 600  # 2.5 s + 3 s margin, whole seconds
+    assert window_frames(300, 100, 300) == 600
+    assert window_frames(301, 100, 300) == 700
+    assert window_frames(2900, 100, 300) == N_FRAMES  # never beyond one window
+
+
+def test_wer_ignores_case_punctuation_and_digits_vs_words():
+    from export.asr.wer import corpus_wer, wer
+
+    assert wer("ten of clubs", "10 of Clubs.") == 0.0
+    assert wer("he was not an ill disposed young man", "He was not an ill-disposed man.") == 1 / 8
+    assert corpus_wer(["a b c d", "e"], ["a b c d", "x"]) == 1 / 5

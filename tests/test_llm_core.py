@@ -132,7 +132,7 @@ def test_first_piece_may_end_at_a_clause_then_whole_sentences():
     short = SentenceSplitter(first_clause_words=4)
     assert [c.sentence for c in short.push("Hi, I am Mia. ") if c.sentence] == ["Hi, I am Mia."]
     off = SentenceSplitter()
-    assert [c.sentence for c in off.push(text + " ") if c.sentence][0].endswith("sir.")
+    assert next(c.sentence for c in off.push(text + " ") if c.sentence).endswith("sir.")
 
 
 def test_bound_context_drops_oldest_turns_keeps_system():

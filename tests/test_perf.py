@@ -90,3 +90,35 @@ def test_baseline_smoke(triton_server: EmbeddedServer, tmp_path: Path) -> None:
     assert ratio["sessions"] == 1 and ratio["first_audio"] > 0
     assert "Triton / baseline" in (tmp_path / "baseline.md").read_text()
     _png(tmp_path / "baseline-first_audio_median_s.png")
+
+
+def test_latency_smoke(triton_server: EmbeddedServer, tmp_path: Path, capsys) -> None:
+    """`perf latency`: one spoken question in real time through vad endpointing and the
+    avatar stream; every milestone measured from the end of speech, in order."""
+    args = ["latency", "--url", triton_server.grpc_url, "--sessions", "1", "--questions", "1"]
+    assert main([*args, "--settings", "today", "--pause-s", "0", "--out", str(tmp_path)]) == 0
+    (turn,) = _csv(tmp_path / "turns.csv")
+    assert turn["error"] == "" and turn["transcript"]
+    order = ["endpoint", "transcript_ms", "first_sentence", "first_audio"]
+    values = [float(turn[k]) for k in order]
+    assert values == sorted(values) and 0 < values[0] < 2000, values
+    assert "| 1 | first_audio |" in capsys.readouterr().out
+    _png(tmp_path / "latency.png")
+
+
+def test_release_copies_carry_the_first_release_settings(
+    embedded_repository: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    from avatar.serving.repository import parse_config
+    from perf.latency import RELEASE, add_release_models
+
+    for name in RELEASE:
+        shutil.copytree(embedded_repository / name, tmp_path / name)
+    add_release_models(tmp_path)
+    for name, values in RELEASE.items():
+        config = parse_config(tmp_path / f"{name}_release" / "config.pbtxt")
+        assert config.name == f"{name}_release"
+        assert {k: config.parameters[k].string_value for k in values} == values
+        assert (tmp_path / f"{name}_release" / "1" / "model.py").is_file()

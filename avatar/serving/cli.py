@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -49,7 +51,7 @@ def _serve(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
-    with EmbeddedServer(options) as server:
+    with EmbeddedServer(options) as server, contextlib.ExitStack() as stack:
         log.info(
             "serving %s: gRPC %s, HTTP %s, metrics %s (log %s); Ctrl-C stops",
             repo,
@@ -58,11 +60,35 @@ def _serve(args: argparse.Namespace) -> int:
             server.metrics_url,
             server.log_path,
         )
+        gateway = None
+        if args.web:
+            gateway = stack.enter_context(_gateway(server.grpc_url, args.web_port, options))
+            log.info("live page: http://127.0.0.1:%d/ (gateway pid %d)", args.web_port, gateway.pid)
         while not stop.wait(1.0):
             if not server.is_running() and not options.heal:
                 log.error("tritonserver exited:\n%s", server.log_tail())
                 return 1
+            if gateway is not None and gateway.poll() is not None:
+                log.error("the gateway exited with status %s", gateway.returncode)
+                return 1
     return 0
+
+
+@contextlib.contextmanager
+def _gateway(grpc_url: str, port: int, options: ServerOptions):
+    """The live gateway (python -m gateway) as a child process, stopped on exit."""
+    if options.api_key or options.tls_cert:
+        raise SystemExit("--web: the gateway does not pass an API key or TLS to Triton yet")
+    command = [sys.executable, "-m", "gateway", "--triton-url", grpc_url, "--port", str(port)]
+    process = subprocess.Popen(command)
+    try:
+        yield process
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -126,6 +152,12 @@ def main(argv: list[str] | None = None) -> int:
         "BLS model's stub died or the server exited (explicit model control; "
         "avatar/serving/supervisor.py); on by default",
     )
+    serve.add_argument(
+        "--web",
+        action="store_true",
+        help="also the live gateway: the web page and WebSocket protocol on --web-port",
+    )
+    serve.add_argument("--web-port", type=int, default=8080)
     serve.set_defaults(run=_serve)
 
     demo = sub.add_parser("demo", help="start the embedded server and drive it from a client")

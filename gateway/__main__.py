@@ -1,0 +1,27 @@
+"""`python -m gateway --triton-url HOST:8001`: the live gateway against a running Triton."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from gateway.app import run
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m gateway", description=__doc__)
+    parser.add_argument("--triton-url", default="127.0.0.1:8001", help="Triton gRPC address")
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument(
+        "--end-silence-s", type=float, default=0.7, help="silence that ends an utterance"
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    run(args.triton_url, args.host, args.port, end_silence_s=args.end_silence_s)
+
+
+if __name__ == "__main__":
+    main()

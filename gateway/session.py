@@ -1,0 +1,347 @@
+"""One live connection: microphone audio -> `vad` endpointing -> `avatar` turns, barge-in.
+
+Triton is the only inference server: this module holds no model, only the per-connection
+state the models need (the vad's recurrent state, the endpointer, the running turn) and
+talks to Triton with the asyncio gRPC client. `send_json`/`send_bytes` are the WebSocket's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+
+from avatar.animation.tables import ARKIT_NAMES
+from avatar.errors import RequestError
+from avatar.pipeline.request import Controls
+from avatar.vad import CHUNK, Endpointer, VadStream
+from gateway import protocol
+
+log = logging.getLogger(__name__)
+
+AVATAR_OUTPUTS = (
+    "kind", "text", "sentence_index", "emotion", "start_time", "audio", "sample_rate", "fps",
+    "blendshapes", "head_pose", "animation", "error", "timings",
+)  # fmt: skip
+VAD_OUTPUTS = ("speech_prob", "next_context", "next_state")
+STRINGS = {"kind", "text", "emotion", "animation", "error", "timings"}
+MAX_TEXT_CHARS = 2000
+
+
+@dataclasses.dataclass
+class SessionOptions:
+    end_silence_s: float = 0.7  # silence that ends an utterance (the endpointer's)
+    threshold: float = 0.5  # vad speech probability that starts speech
+    silence_timeout_s: float = 60.0  # a turn silent this long is abandoned with an error
+    model: str = "avatar"
+
+
+@dataclasses.dataclass
+class _Turn:
+    number: int
+    task: asyncio.Task | None = None
+    call: Any = None  # the gRPC stream (cancel() ends the turn on the server)
+    playing_until: float = 0.0  # monotonic time the client's playback should end
+    first_audio_at: float | None = None
+    cancelled: str = ""
+
+
+class LiveSession:
+    """The protocol's server side for one WebSocket (docs/protocol.md)."""
+
+    def __init__(
+        self,
+        client,  # tritonclient.grpc.aio.InferenceServerClient
+        send_json: Callable[[dict], Awaitable[None]],
+        send_bytes: Callable[[bytes], Awaitable[None]],
+        options: SessionOptions | None = None,
+    ):
+        self.client = client
+        self.send_json, self.send_bytes = send_json, send_bytes
+        self.options = options or SessionOptions()
+        self.session_id = uuid.uuid4().hex
+        self.controls: dict[str, Any] = {}
+        self.vad = VadStream()
+        self.endpointer = Endpointer(
+            threshold=self.options.threshold, end_silence_s=self.options.end_silence_s
+        )
+        self.pending = np.zeros(0, np.float32)
+        self.turns = 0
+        self.turn: _Turn | None = None
+        self.in_speech = False
+        self._vad_lock = asyncio.Lock()  # chunks go through the vad in order
+
+    # ------------------------------------------------------------------ client messages
+
+    async def hello(self) -> None:
+        await self.send_json(
+            {
+                "type": "ready",
+                "session_id": self.session_id,
+                "input": {"sample_rate": protocol.INPUT_RATE, "format": "pcm_s16le", "kind": 1},
+                "frames": {
+                    "width": protocol.WIDTH,
+                    "names": [*ARKIT_NAMES, "headYaw", "headPitch", "headRoll"],
+                },
+                "end_silence_s": self.options.end_silence_s,
+            }
+        )
+
+    async def on_text(self, raw: str) -> None:
+        try:
+            message = json.loads(raw)
+        except json.JSONDecodeError as error:
+            raise protocol.ProtocolError(f"text message is not JSON ({error.msg})") from None
+        if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+            raise protocol.ProtocolError('text message must be a JSON object with a "type"')
+        kind = message["type"]
+        if kind == "text":
+            text = message.get("text")
+            if not isinstance(text, str) or not text.strip():
+                raise protocol.ProtocolError('"text" needs a non-empty string field "text"')
+            if len(text) > MAX_TEXT_CHARS:
+                raise protocol.ProtocolError(f"text of {len(text)} characters: at most 2000")
+            await self.start_turn(text=text.strip())
+        elif kind == "controls":
+            await self.set_controls(message.get("controls"))
+        elif kind == "interrupt":
+            await self.interrupt("client")
+        elif kind == "ping":
+            await self.send_json({"type": "pong", "t": message.get("t")})
+        else:
+            raise protocol.ProtocolError(
+                f"unknown message type {kind!r}: expected text, controls, interrupt or ping"
+            )
+
+    async def on_binary(self, data: bytes) -> None:
+        samples = protocol.parse_mic(data)
+        self.pending = np.concatenate([self.pending, samples])
+        async with self._vad_lock:
+            while len(self.pending) >= CHUNK:
+                chunk, self.pending = self.pending[:CHUNK], self.pending[CHUNK:]
+                await self._vad_chunk(chunk)
+
+    async def set_controls(self, values: Any) -> None:
+        if not isinstance(values, dict):
+            raise protocol.ProtocolError('"controls" needs an object field "controls"')
+        merged = {**self.controls, **values}
+        merged.pop("render", None)  # the page draws the face: no pixels over the socket
+        try:
+            Controls.from_json(json.dumps(merged))
+        except RequestError as error:
+            raise protocol.ProtocolError(str(error)) from None
+        self.controls = merged
+        await self.send_json({"type": "controls", "controls": self.controls})
+
+    async def close(self) -> None:
+        await self.interrupt("closed", notify=False)
+
+    # ------------------------------------------------------------------ endpointing
+
+    async def _vad_chunk(self, chunk: np.ndarray) -> None:
+        import tritonclient.grpc.aio as grpcclient
+
+        inputs = []
+        for name, value in self.vad.inputs(chunk[None]).items():
+            tensor = grpcclient.InferInput(name, list(value.shape), "FP32")
+            tensor.set_data_from_numpy(np.ascontiguousarray(value, np.float32))
+            inputs.append(tensor)
+        outputs = [grpcclient.InferRequestedOutput(n) for n in VAD_OUTPUTS]
+        result = await self.client.infer("vad", inputs, outputs=outputs)
+        prob = float(self.vad.update({n: result.as_numpy(n) for n in VAD_OUTPUTS})[0])
+        utterance = self.endpointer.push(chunk, prob)
+        started = self.endpointer.detector.start is not None
+        if started and not self.in_speech:
+            self.in_speech = True
+            await self.send_json({"type": "speech_start"})
+            if self.busy():  # barge-in: the user speaks over the avatar
+                await self.interrupt("barge-in")
+        if utterance is not None or (self.in_speech and not started):
+            self.in_speech = False
+            if utterance is None:  # too short to be a question (a cough, a click)
+                await self.send_json({"type": "speech_end", "utterance_s": 0.0})
+                return
+            seconds = round(len(utterance) / protocol.INPUT_RATE, 3)
+            await self.send_json({"type": "speech_end", "utterance_s": seconds})
+            await self.start_turn(audio=utterance)
+
+    def busy(self) -> bool:
+        """A reply is being generated or should still be playing on the client."""
+        turn = self.turn
+        if turn is None or turn.cancelled:
+            return False
+        running = turn.task is not None and not turn.task.done()
+        return running or time.monotonic() < turn.playing_until
+
+    # ------------------------------------------------------------------ turns
+
+    async def interrupt(self, reason: str, notify: bool = True) -> None:
+        """Stop the current reply: the client stops playback, the server its work."""
+        turn = self.turn
+        if turn is None or turn.cancelled or not (self.busy() or reason == "closed"):
+            return
+        turn.cancelled = reason
+        if notify:
+            await self.send_json({"type": "interrupt", "turn": turn.number, "reason": reason})
+        if turn.call is not None:
+            turn.call.cancel()  # the avatar model sees the cancellation; the LLM stops
+        if turn.task is not None and not turn.task.done():
+            turn.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await turn.task  # its turn_end is sent; errors were reported already
+
+    async def start_turn(self, *, audio: np.ndarray | None = None, text: str | None = None):
+        await self.interrupt("superseded")
+        self.turns += 1
+        turn = _Turn(self.turns)
+        self.turn = turn
+        turn.task = asyncio.create_task(self._run_turn(turn, audio, text))
+
+    async def _run_turn(self, turn: _Turn, audio: np.ndarray | None, text: str | None) -> None:
+        import tritonclient.grpc.aio as grpcclient
+
+        await self.send_json(
+            {
+                "type": "turn_start",
+                "turn": turn.number,
+                "input": "audio" if text is None else "text",
+            }
+        )
+        inputs = []
+
+        def add(name: str, value: np.ndarray, dtype: str) -> None:
+            tensor = grpcclient.InferInput(name, list(value.shape), dtype)
+            tensor.set_data_from_numpy(value)
+            inputs.append(tensor)
+
+        if audio is not None:
+            add("audio", np.ascontiguousarray(audio, np.float32), "FP32")
+        if text is not None:
+            add("text", np.array([text.encode()], dtype=object), "BYTES")
+        add("session_id", np.array([self.session_id.encode()], dtype=object), "BYTES")
+        controls = {k: v for k, v in self.controls.items() if k != "render"}
+        add("controls", np.array([json.dumps(controls).encode()], dtype=object), "BYTES")
+        outputs = [grpcclient.InferRequestedOutput(n) for n in AVATAR_OUTPUTS]
+
+        async def requests():
+            yield {"model_name": self.options.model, "inputs": inputs, "outputs": outputs}
+
+        turn.call = self.client.stream_infer(requests())
+        started = time.monotonic()
+        iterator = turn.call.__aiter__()
+        try:
+            while True:
+                try:
+                    result, error = await asyncio.wait_for(
+                        iterator.__anext__(), self.options.silence_timeout_s
+                    )
+                except StopAsyncIteration:
+                    break
+                except asyncio.TimeoutError:
+                    turn.call.cancel()
+                    await self._error(
+                        turn,
+                        f"the avatar sent nothing for {self.options.silence_timeout_s:g} s; "
+                        "turn abandoned",
+                    )
+                    break
+                if error is not None:
+                    await self._error(turn, str(error))
+                    break
+                if await self._forward(turn, result, started):
+                    break
+        except asyncio.CancelledError:
+            await self.send_json(
+                {"type": "turn_end", "turn": turn.number, "cancelled": turn.cancelled or "closed"}
+            )
+            raise
+        finally:
+            turn.call.cancel()
+
+    async def _error(self, turn: _Turn, message: str) -> None:
+        await self.send_json({"type": "error", "turn": turn.number, "message": message})
+        await self.send_json({"type": "turn_end", "turn": turn.number, "cancelled": "error"})
+
+    async def _forward(self, turn: _Turn, result, started: float) -> bool:
+        """One avatar response -> protocol messages; True after the final one."""
+        r = _decode(result)
+        kind = r.get("kind")
+        if kind == "transcript":
+            await self.send_json(
+                {"type": "transcript", "turn": turn.number, "text": r["text"], "final": True}
+            )
+        elif kind == "sentence":
+            index, start = int(r["sentence_index"][0]), float(r["start_time"][0])
+            rate, fps = int(r["sample_rate"][0]), float(r["fps"][0])
+            audio = r["audio"]
+            duration = len(audio) / rate if rate else 0.0
+            now = time.monotonic()
+            if turn.first_audio_at is None and len(audio):
+                turn.first_audio_at = now
+            if turn.first_audio_at is not None:
+                turn.playing_until = max(turn.playing_until, turn.first_audio_at + start + duration)
+            await self.send_json(
+                {
+                    "type": "sentence",
+                    "turn": turn.number,
+                    "index": index,
+                    "text": r["text"],
+                    "emotion": r["emotion"],
+                    "start_s": round(start, 4),
+                    "duration_s": round(duration, 4),
+                    "fps": fps,
+                    "animation": json.loads(r["animation"] or "{}"),
+                    "error": r["error"],
+                    "since_turn_start_ms": round((now - started) * 1000, 1),
+                }
+            )
+            if len(audio):
+                await self.send_bytes(
+                    protocol.audio_message(index, turn.number, start, rate, audio)
+                )
+            if len(r["blendshapes"]):
+                await self.send_bytes(
+                    protocol.frames_message(
+                        index,
+                        turn.number,
+                        start,
+                        fps,
+                        weights=r["blendshapes"],
+                        pose=r["head_pose"],
+                    )
+                )
+        elif kind == "final":
+            await self.send_json(
+                {
+                    "type": "turn_end",
+                    "turn": turn.number,
+                    "reply": r["text"],
+                    "errors": json.loads(r["error"] or "[]"),
+                    "timings": json.loads(r["timings"] or "{}"),
+                    "cancelled": turn.cancelled,
+                }
+            )
+            return True
+        return False
+
+
+def _decode(result) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in AVATAR_OUTPUTS:
+        value = result.as_numpy(name)
+        if value is None:
+            continue
+        if name in STRINGS:
+            item = value.reshape(-1)[0] if value.size else b""
+            out[name] = item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item)
+        else:
+            out[name] = value
+    return out

@@ -1,0 +1,174 @@
+"""The live gateway (`python -m gateway`) as its own process against the real tritonserver:
+spoken turns through the WebSocket protocol, barge-in, bad input; the protocol's frames."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from avatar.serving.server import EmbeddedServer
+from clients.live import converse
+from export.asr.clips import clips
+from export.asr.wer import wer
+from gateway import protocol
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def gateway(triton_server: EmbeddedServer) -> Iterator[str]:
+    """The gateway's base URL (http://127.0.0.1:PORT), once `/healthz` says ready."""
+    port = _free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gateway",
+            "--triton-url",
+            triton_server.grpc_url,
+            "--port",
+            str(port),
+        ]
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(base + "/healthz", timeout=2) as response:
+                    if json.load(response)["ready"]:
+                        break
+            except OSError:
+                pass
+            assert process.poll() is None, "the gateway exited"
+            assert time.monotonic() < deadline, "the gateway never became ready"
+            time.sleep(0.3)
+        yield base
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def _ws(base: str) -> str:
+    return base.replace("http://", "ws://") + "/ws"
+
+
+def test_protocol_frames_round_trip() -> None:
+    rng = np.random.default_rng(0)
+    pcm = rng.uniform(-1, 1, 640).astype(np.float32)
+    assert np.abs(protocol.parse_mic(protocol.mic_message(pcm)) - pcm).max() < 1e-4
+    audio = protocol.parse_server_binary(protocol.audio_message(3, 7, 1.25, 22050, pcm))
+    assert (audio.sentence, audio.turn, audio.start_s, audio.sample_rate) == (3, 7, 1.25, 22050)
+    weights, pose = rng.random((4, 52), np.float32), rng.random((4, 3), np.float32)
+    message = protocol.frames_message(1, 2, 0.5, 30.0, weights=weights, pose=pose)
+    frames = protocol.parse_server_binary(message)
+    assert frames.fps == 30.0 and np.array_equal(frames.weights, weights)
+    assert np.array_equal(frames.pose, pose)
+    for bad, match in [
+        (b"", "empty"),
+        (b"\x07\x00\x00", "kind 0x07"),
+        (b"\x01\x00", "even count"),
+        (b"\x01" + bytes(2 * 16_001), "at most 16000"),
+    ]:
+        with pytest.raises(protocol.ProtocolError, match=match):
+            protocol.parse_mic(bad)
+
+
+def test_page_and_health(gateway: str) -> None:
+    with urllib.request.urlopen(gateway + "/") as response:
+        assert b"/static/live.js" in response.read()
+    for path in ("/static/live.js", "/static/mic-worklet.js"):
+        with urllib.request.urlopen(gateway + path) as response:
+            assert response.status == 200
+
+
+def test_spoken_question_streams_transcript_sentences_audio_and_frames(gateway: str) -> None:
+    """A question spoken in real time: endpointed by the served vad, answered on one clock."""
+    clip = clips()[1]  # "What time does the museum open on Sunday?"
+    reply = asyncio.run(converse(_ws(gateway), clip.audio, controls={"fps": 25, "seed": 1}))
+    assert not reply.of("error"), reply.of("error")
+    (transcript,) = reply.of("transcript")
+    assert wer(clip.text, transcript["text"]) < 0.2
+    sentences = reply.of("sentence")
+    (end,) = reply.of("turn_end")
+    assert sentences and end["reply"] and end["cancelled"] == ""
+    assert {a.sentence for a in reply.audio} == {s["index"] for s in sentences}
+    for a, s in zip(reply.audio, sentences, strict=True):
+        assert a.start_s == pytest.approx(s["start_s"], abs=1e-4)
+        assert len(a.pcm) / a.sample_rate == pytest.approx(s["duration_s"], abs=1e-3)
+    for f, a in zip(reply.frames, reply.audio, strict=True):  # one clock for face and voice
+        assert f.fps == 25 and f.weights.shape[1] == 52 and f.pose.shape[1] == 3
+        assert f.start_s == a.start_s
+        assert abs(len(f.weights) / f.fps - len(a.pcm) / a.sample_rate) <= 1 / f.fps
+    ended = reply.at["speech_end1"]
+    assert reply.at["transcript"] > ended and reply.at["first_audio_turn1"] > reply.at["transcript"]
+
+
+def test_barge_in_stops_the_reply_and_the_next_turn_answers(gateway: str) -> None:
+    """Speaking over the avatar: the page is told to stop at once, the turn is cancelled on
+    the server, and the new question gets its own answer."""
+    first, second = clips()[5], clips()[12]
+    reply = asyncio.run(converse(_ws(gateway), first.audio, barge_in=second.audio))
+    (interrupt,) = reply.of("interrupt")
+    assert interrupt == {"type": "interrupt", "turn": 1, "reason": "barge-in"}
+    ends = reply.of("turn_end")
+    assert [e["turn"] for e in ends] == [1, 2]
+    assert ends[0]["cancelled"] == "barge-in" and ends[1]["cancelled"] == ""
+    late = [
+        t for a, t in zip(reply.audio, reply.audio_arrived, strict=True)
+        if a.turn == 1 and t > reply.at["interrupt"]
+    ]  # fmt: skip
+    assert not late, "audio of the interrupted turn after the stop message"
+    transcripts = [t["text"] for t in reply.of("transcript")]
+    assert wer(second.text, transcripts[-1]) < 0.2
+    # from the first speech frame over the reply to the stop message (CPU, shared machine)
+    assert reply.at["interrupt"] - reply.at["barge_in_first_sent"] < 2.0
+
+
+def test_bad_messages_get_errors_and_the_connection_keeps_serving(gateway: str) -> None:
+    import aiohttp
+
+    async def session() -> list[dict]:
+        got = []
+        async with aiohttp.ClientSession() as http, http.ws_connect(_ws(gateway)) as ws:
+            assert (await ws.receive_json())["type"] == "ready"
+            for bad in ["not json", json.dumps([1]), json.dumps({"type": "dance"})]:
+                await ws.send_str(bad)
+                got.append(await ws.receive_json())
+            for bad in [b"\x07abc", b"\x01\x00"]:
+                await ws.send_bytes(bad)
+                got.append(await ws.receive_json())
+            await ws.send_json({"type": "controls", "controls": {"fps": "fast"}})
+            got.append(await ws.receive_json())
+            await ws.send_json({"type": "text", "text": ""})
+            got.append(await ws.receive_json())
+            await ws.send_json({"type": "text", "text": "Say hello."})
+            while (message := await ws.receive_json())["type"] != "turn_end":
+                got.append(message)
+            got.append(message)
+        return got
+
+    got = asyncio.run(session())
+    errors = [m["message"] for m in got if m["type"] == "error"]
+    assert len(errors) == 7, errors
+    for message, needle in zip(
+        errors,
+        ["not JSON", "JSON object", "unknown message type 'dance'", "kind 0x07", "even count",
+         "fps", "non-empty"],
+        strict=True,
+    ):  # fmt: skip
+        assert needle in message, message
+    assert got[-1]["type"] == "turn_end" and got[-1]["reply"] and not got[-1]["errors"]

@@ -2,13 +2,15 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup artifacts demo test lint perf
+.PHONY: setup artifacts demo live test lint perf
 setup:
 	scripts/setup.sh
 artifacts: setup
 	$(PY) -m export build
 demo: artifacts
 	$(PY) -m avatar demo
+live: artifacts
+	$(VENV)/bin/avatar serve --web
 test: artifacts
 	$(PY) -m pytest -m "not slow" --durations=25
 lint: setup

@@ -74,7 +74,7 @@ def test_compose_file_follows_the_compose_specification() -> None:
 def test_compose_structure() -> None:
     compose = _compose()
     services = compose["services"]
-    assert set(services) == {"engines", "triton"}
+    assert set(services) == {"engines", "triton", "gateway"}
     engines, triton = services["engines"], services["triton"]
     for service in (engines, triton):
         (device,) = service["deploy"]["resources"]["reservations"]["devices"]
@@ -91,6 +91,11 @@ def test_compose_structure() -> None:
     assert {p.split(":")[0] for p in triton["ports"]} == {"8000", "8001", "8002"}
     assert triton["shm_size"]
     assert "localhost:8000/v2/health/ready" in " ".join(triton["healthcheck"]["test"])
+    gateway = services["gateway"]  # no GPU, waits for a healthy Triton, reached on :8080
+    assert "deploy" not in gateway
+    assert gateway["depends_on"]["triton"]["condition"] == "service_healthy"
+    assert gateway["command"][3:5] == ["--triton-url", "triton:8001"]
+    assert "localhost:8080/healthz" in " ".join(gateway["healthcheck"]["test"])
 
 
 def test_dockerfile_stages_match_compose() -> None:
@@ -103,6 +108,7 @@ def test_dockerfile_stages_match_compose() -> None:
     assert stages == {
         "engines": "nvcr.io/nvidia/tensorrt:24.10-py3",
         "server": "nvcr.io/nvidia/tritonserver:24.10-py3",
+        "gateway": "python:3.11-slim",
     }
     targets = {s["build"]["target"] for s in _compose()["services"].values()}
     assert targets == set(stages)

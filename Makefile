@@ -12,6 +12,7 @@ demo: artifacts
 live: artifacts
 	$(VENV)/bin/avatar serve --web
 test: artifacts
+	scripts/setup.sh --tests
 	$(PY) -m pytest -m "not slow" --durations=25
 lint: setup
 	$(VENV)/bin/ruff format --check . && $(VENV)/bin/ruff check .

@@ -7,8 +7,16 @@ VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
 
 # libb64-0d: perf_analyzer (tritonclient wheel) links against it.
+# pocketsphinx-testdata: real human recordings with transcripts (ASR word error rate).
+# With --tests also what the test suite needs: Chromium and its WebDriver (the live page
+# is tested in a real browser).
 missing_debs=()
 ldconfig -p | grep -q 'libb64.so.0d' || missing_debs+=(libb64-0d)
+[ -d /usr/share/pocketsphinx/test/data/librivox ] || missing_debs+=(pocketsphinx-testdata)
+if [ "${1:-}" = "--tests" ]; then
+  command -v chromium >/dev/null || missing_debs+=(chromium)
+  command -v chromedriver >/dev/null || missing_debs+=(chromium-driver)
+fi
 if ((${#missing_debs[@]})); then
   sudo_cmd=()
   [ "$(id -u)" = 0 ] || sudo_cmd=(sudo)

@@ -152,6 +152,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write the reply audio here")
     parser.add_argument("--fast", action="store_true", help="send faster than real time")
     parser.add_argument("--controls", default="{}", help='JSON, e.g. {"emotion": "happy"}')
+    parser.add_argument(
+        "--barge-in",
+        type=Path,
+        help="speak this WAV over the reply once its audio starts (prints the time to the stop)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     reply = asyncio.run(
@@ -160,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             read_wav(args.wav),
             realtime=not args.fast,
             controls=json.loads(args.controls),
+            barge_in=read_wav(args.barge_in) if args.barge_in else None,
         )
     )
     for m in reply.of("transcript"):
@@ -173,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
         for key in ("transcript", "first_audio_turn1", "turn_end"):
             if key in reply.at:
                 print(f"end of speech -> {key}: {(reply.at[key] - ended) * 1000:.0f} ms")
+    if "interrupt" in reply.at and "barge_in_first_sent" in reply.at:
+        stop_ms = (reply.at["interrupt"] - reply.at["barge_in_first_sent"]) * 1000
+        print(f"first speech frame over the reply -> interrupt (stop playback): {stop_ms:.0f} ms")
     if args.out:
         audio, rate = reply.reply_audio()
         with wave.open(str(args.out), "wb") as w:

@@ -9,8 +9,8 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
-PACKAGES = ("avatar", "export", "training", "networks", "clients", "perf")
-TOOLING = ("export", "training", "networks", "clients", "perf", "torch")
+PACKAGES = ("avatar", "export", "training", "networks", "clients", "perf", "gateway")
+TOOLING = ("export", "training", "networks", "clients", "perf", "gateway", "torch")
 ENTRY_POINTS = ("avatar.serving", "avatar.__main__")
 
 

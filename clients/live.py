@@ -113,6 +113,7 @@ async def converse(
                         reply.at.setdefault(f"first_audio_turn{item.turn}", now)
                     else:
                         reply.frames.append(item)
+                        reply.at.setdefault(f"first_frames_turn{item.turn}", now)
                     continue
                 if message.type != aiohttp.WSMsgType.TEXT:
                     break

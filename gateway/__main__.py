@@ -16,11 +16,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--end-silence-s", type=float, default=0.7, help="silence that ends an utterance"
     )
+    parser.add_argument(
+        "--speculate-after-s",
+        type=float,
+        default=0.2,
+        help="start ASR at a pause this long, before the end of speech is confirmed",
+    )
+    parser.add_argument(
+        "--no-speculate", action="store_true", help="the avatar model transcribes each turn"
+    )
+    parser.add_argument("--model", default="avatar", help="the turn model (decoupled)")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    run(args.triton_url, args.host, args.port, end_silence_s=args.end_silence_s)
+    run(
+        args.triton_url,
+        args.host,
+        args.port,
+        end_silence_s=args.end_silence_s,
+        speculate_after_s=None if args.no_speculate else args.speculate_after_s,
+        model=args.model,
+    )
 
 
 if __name__ == "__main__":

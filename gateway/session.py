@@ -22,7 +22,7 @@ import numpy as np
 from avatar.animation.tables import ARKIT_NAMES
 from avatar.errors import RequestError
 from avatar.pipeline.request import Controls
-from avatar.vad import CHUNK, Endpointer, VadStream
+from avatar.vad import CHUNK, CHUNK_S, Endpointer, VadStream
 from gateway import protocol
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,10 @@ class SessionOptions:
     threshold: float = 0.5  # vad speech probability that starts speech
     silence_timeout_s: float = 60.0  # a turn silent this long is abandoned with an error
     model: str = "avatar"
+    # Speculative ASR: transcribe at the first pause of this length, while the endpointer
+    # still waits for end_silence_s; the turn then starts from the text at the end of
+    # speech. Speech that resumes discards it. None: the avatar model transcribes.
+    speculate_after_s: float | None = 0.2
 
 
 @dataclasses.dataclass
@@ -52,6 +56,7 @@ class _Turn:
     playing_until: float = 0.0  # monotonic time the client's playback should end
     first_audio_at: float | None = None
     cancelled: str = ""
+    spoken: bool = False  # from the microphone (its transcript may be speculative)
 
 
 class LiveSession:
@@ -78,6 +83,9 @@ class LiveSession:
         self.turn: _Turn | None = None
         self.in_speech = False
         self._vad_lock = asyncio.Lock()  # chunks go through the vad in order
+        self.speculation: asyncio.Task | None = None  # -> the transcript of the speech so far
+        after = self.options.speculate_after_s
+        self._speculate_chunks = None if after is None else max(1, round(after / CHUNK_S))
 
     # ------------------------------------------------------------------ client messages
 
@@ -142,6 +150,8 @@ class LiveSession:
         await self.send_json({"type": "controls", "controls": self.controls})
 
     async def close(self) -> None:
+        if self.speculation is not None:
+            self.speculation.cancel()
         await self.interrupt("closed", notify=False)
 
     # ------------------------------------------------------------------ endpointing
@@ -157,21 +167,60 @@ class LiveSession:
         outputs = [grpcclient.InferRequestedOutput(n) for n in VAD_OUTPUTS]
         result = await self.client.infer("vad", inputs, outputs=outputs)
         prob = float(self.vad.update({n: result.as_numpy(n) for n in VAD_OUTPUTS})[0])
+        detector = self.endpointer.detector
         utterance = self.endpointer.push(chunk, prob)
-        started = self.endpointer.detector.start is not None
+        started = detector.start is not None
         if started and not self.in_speech:
             self.in_speech = True
             await self.send_json({"type": "speech_start"})
             if self.busy():  # barge-in: the user speaks over the avatar
                 await self.interrupt("barge-in")
+        if started:
+            self._speculate(detector.silent)
         if utterance is not None or (self.in_speech and not started):
             self.in_speech = False
+            speculation, self.speculation = self.speculation, None
             if utterance is None:  # too short to be a question (a cough, a click)
+                if speculation is not None:
+                    speculation.cancel()
                 await self.send_json({"type": "speech_end", "utterance_s": 0.0})
                 return
             seconds = round(len(utterance) / protocol.INPUT_RATE, 3)
             await self.send_json({"type": "speech_end", "utterance_s": seconds})
-            await self.start_turn(audio=utterance)
+            text = await self._speculated(speculation)
+            await self.start_turn(audio=None if text else utterance, text=text, spoken=True)
+
+    def _speculate(self, silent_chunks: int) -> None:
+        """Start ASR at the first pause; drop it when the speaker goes on."""
+        if self._speculate_chunks is None:
+            return
+        if silent_chunks == 0 and self.speculation is not None:
+            self.speculation.cancel()  # the pause was inside the utterance
+            self.speculation = None
+        elif silent_chunks >= self._speculate_chunks and self.speculation is None:
+            audio = np.concatenate(self.endpointer.chunks)
+            self.speculation = asyncio.create_task(self._transcribe(audio))
+
+    async def _speculated(self, speculation: asyncio.Task | None) -> str | None:
+        """The speculative transcript, or None (none started, it failed, or it is empty):
+        then the avatar model transcribes the utterance itself."""
+        if speculation is None:
+            return None
+        try:
+            return (await speculation).strip() or None
+        except Exception as error:
+            log.warning("speculative ASR failed, the avatar transcribes: %s", error)
+            return None
+
+    async def _transcribe(self, audio: np.ndarray) -> str:
+        import tritonclient.grpc.aio as grpcclient
+
+        tensor = grpcclient.InferInput("audio", [1, len(audio)], "FP32")
+        tensor.set_data_from_numpy(np.ascontiguousarray(audio, np.float32)[None])
+        result = await self.client.infer(
+            "asr", [tensor], outputs=[grpcclient.InferRequestedOutput("text")]
+        )
+        return result.as_numpy("text").reshape(-1)[0].decode("utf-8", "replace")
 
     def busy(self) -> bool:
         """A reply is being generated or should still be playing on the client."""
@@ -198,10 +247,12 @@ class LiveSession:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await turn.task  # its turn_end is sent; errors were reported already
 
-    async def start_turn(self, *, audio: np.ndarray | None = None, text: str | None = None):
+    async def start_turn(
+        self, *, audio: np.ndarray | None = None, text: str | None = None, spoken: bool = False
+    ) -> None:
         await self.interrupt("superseded")
         self.turns += 1
-        turn = _Turn(self.turns)
+        turn = _Turn(self.turns, spoken=spoken)
         self.turn = turn
         turn.task = asyncio.create_task(self._run_turn(turn, audio, text))
 
@@ -212,7 +263,8 @@ class LiveSession:
             {
                 "type": "turn_start",
                 "turn": turn.number,
-                "input": "audio" if text is None else "text",
+                "input": "audio" if turn.spoken else "text",
+                "speculative_asr": turn.spoken and text is not None,
             }
         )
         inputs = []

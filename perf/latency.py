@@ -1,26 +1,26 @@
 """Where the time of a spoken turn goes, from the end of speech (`python -m perf latency`).
 
-Each session plays spoken questions at real-time pace in 32-ms chunks (512 samples, 16 kHz)
-to the served `vad` model over gRPC, as a live gateway does; the `Endpointer` (the same
-hysteresis as the rest of the project, `end_silence_s` of silence) cuts the utterance,
-which goes to the `avatar` stream at once. The end of speech is when the last chunk the
-vad heard as speech had been played. Questions are real human recordings (Debian
-pocketsphinx-testdata) and the packaged voice, each with 0.3 s of silence before it and a
-pause of `--pause-s` after its turn. Figures, per setting and number of sessions, from the
-end of speech (the moment the last speech sample was played):
+Each session speaks questions through the live protocol (a WebSocket to the gateway, as
+the page does): 32-ms microphone frames at real-time pace, silence after the question
+until the turn ends, a pause of `--pause-s`, the next question. The gateway cuts the
+utterance with the served `vad` and the endpointer (`end_silence_s`) and runs the turn on
+the `avatar` model. Questions are real human recordings (Debian pocketsphinx-testdata)
+and the packaged voice's questions. Per setting and number of sessions, from the end of
+speech (when the last frame holding speech was sent; speech = 10-ms windows within 26 dB
+of the clip's loudest), client side:
 
-- `endpoint`: the utterance is cut (end_silence_s + one chunk + the vad round trips);
-- `transcript`, `first_sentence` (the first piece for TTS), `first_audio`, `first_frame`
-  (the first ARKit-52 frame): the server's milestones (`timings.since_request_ms`) + the
-  endpoint, so transport is in (the client's own first-audio time agrees within a few ms);
-- `first_token`: transcript + the LLM's own time to first token (its stats);
-- `client_first_audio`: client-side arrival of the first audio.
+- `endpoint`: the gateway's `speech_end` (end_silence_s + the vad's round trips);
+- `transcript`, `first_audio`, `first_frame` (the first ARKit-52 frames): arrival of the
+  messages;
+- `first_token`, `first_sentence` (the LLM's first piece for TTS): the transcript's arrival
+  + the server's own delays after the transcript (LLM stats, turn milestones).
 
-Both settings run in one server and one run, alternating per question so that the load is
-the same: `today` (the repository's defaults) and `release` (the first release's settings:
-30-s ASR windows, whole sentences to TTS) as the models `avatar_release`, `asr_release`,
-`llm_release` materialised beside the others. Results: build/perf/latency/ (CSV, JSON,
-markdown, PNG).
+Both settings run against one server in one run, alternating per question, each through
+its own gateway: `today` (the defaults: speculative ASR in the gateway, ASR windows in
+proportion to the audio, the first clause to TTS) and `release` (the first release:
+`avatar_release` over `asr_release` with 30-s windows and `llm_release` with whole
+sentences, no speculation), the copies materialised beside the other models. Results:
+build/perf/latency/ (CSV, JSON, markdown, PNG).
 """
 
 from __future__ import annotations
@@ -101,122 +101,80 @@ def questions() -> list[tuple[str, np.ndarray]]:
     return [("human", c.audio) for c in human_clips()] + [("voice", c.audio) for c in voice]
 
 
-class Session:
-    """One speaker: plays questions to `vad` at real-time pace, sends turns to `avatar`."""
+SPEECH_DB = 26.0  # speech: 10-ms windows within this many dB of the clip's loudest
 
-    def __init__(self, url: str, end_silence_s: float):
-        import tritonclient.grpc as grpcclient
 
-        self.url = url
-        self.client = grpcclient.InferenceServerClient(url)
-        self.end_silence_s = end_silence_s
+def speech_end_s(audio: np.ndarray, rate: int = 16_000) -> float:
+    """Seconds from the start of `audio` to the end of its last speech window."""
+    hop = rate // 100
+    windows = audio[: len(audio) // hop * hop].reshape(-1, hop)
+    rms = np.sqrt((windows.astype(np.float64) ** 2).mean(axis=1)) + 1e-12
+    loud = np.flatnonzero(20 * np.log10(rms / rms.max()) > -SPEECH_DB)
+    return float((loud[-1] + 1) * hop / rate) if len(loud) else len(audio) / rate
 
-    def _vad(self, stream, chunk: np.ndarray) -> float:
-        import tritonclient.grpc as grpcclient
 
-        inputs = []
-        for name, value in stream.inputs(chunk[None]).items():
-            tensor = grpcclient.InferInput(name, list(value.shape), "FP32")
-            tensor.set_data_from_numpy(np.ascontiguousarray(value, np.float32))
-            inputs.append(tensor)
-        outputs = ["speech_prob", "next_context", "next_state"]
-        result = self.client.infer(
-            "vad", inputs, outputs=[grpcclient.InferRequestedOutput(n) for n in outputs]
-        )
-        return float(stream.update({n: result.as_numpy(n) for n in outputs}).reshape(-1)[0])
+def spoken_turn(ws_url: str, row: TurnRow, audio: np.ndarray, seed: int) -> None:
+    """One question through the live protocol; fills `row` (ms after the end of speech)."""
+    import asyncio
 
-    def listen(self, audio: np.ndarray) -> tuple[np.ndarray | None, float, float]:
-        """Play `audio` (+ trailing silence) in real time -> (utterance, end of speech,
-        endpoint) as perf_counter times; None if the endpointer found no utterance."""
-        from avatar.vad import CHUNK, CHUNK_S, Endpointer, VadStream
+    from clients.live import CHUNK_S, converse
 
-        lead = np.zeros(round(LEAD_S * 16_000), np.float32)
-        tail = np.zeros(round((self.end_silence_s + 2.0) * 16_000), np.float32)
-        signal = np.concatenate([lead, audio, tail])
-        signal = np.pad(signal, (0, -len(signal) % CHUNK))
-        stream, endpointer = VadStream(), Endpointer(end_silence_s=self.end_silence_s)
-        speech = -1  # the last chunk the vad called speech
-        started = time.perf_counter()
-        for index in range(len(signal) // CHUNK):
-            due = started + (index + 1) * CHUNK_S  # the chunk is complete when played
-            if (wait := due - time.perf_counter()) > 0:
-                time.sleep(wait)
-            chunk = signal[index * CHUNK : (index + 1) * CHUNK]
-            prob = self._vad(stream, chunk)
-            speech = index if prob >= endpointer.detector.off else speech  # its own rule
-            utterance = endpointer.push(chunk, prob)
-            if utterance is not None:
-                # the end of speech: when the last chunk the vad heard as speech was played
-                return utterance, started + (speech + 1) * CHUNK_S, time.perf_counter()
-        return None, started + (speech + 1) * CHUNK_S, time.perf_counter()
+    signal = np.concatenate([np.zeros(round(LEAD_S * 16_000), np.float32), audio])
+    reply = asyncio.run(converse(ws_url, signal, controls={"seed": seed}, timeout_s=120.0))
+    errors = [m["message"] for m in reply.of("error")]
+    ends = reply.of("turn_end")
+    if errors or not ends or ends[0].get("cancelled"):
+        row.error = "; ".join(errors) or f"turn ended {ends[:1]}"
+        return
+    # the frame holding the end of speech was sent this many frames after the first
+    step = round(CHUNK_S * 16_000)
+    last_frame = int(speech_end_s(signal) * 16_000) // step
+    speech_end = reply.at["speech_first_sent"] + last_frame * CHUNK_S
 
-    def turn(self, row: TurnRow, audio: np.ndarray, seed: int) -> None:
-        from clients.avatar_stream import stream_turn
+    def after(key: str) -> float | None:
+        at = reply.at.get(key)
+        return None if at is None else round((at - speech_end) * 1000, 1)
 
-        utterance, speech_end, endpoint = self.listen(audio)
-        row.endpoint = (endpoint - speech_end) * 1000
-        if utterance is None:
-            row.error = "no utterance detected"
-            return
-        model = "avatar" if row.setting == "today" else "avatar_release"
-        sent = time.perf_counter()
-        result = stream_turn(
-            self.url, audio=utterance, model=model, controls={"seed": seed}, timeout_s=120.0
-        )
-        row.error = result.error
-        row.transcript = result.transcript
-        since = result.timings.get("since_request_ms", {})
-        offset = (sent - speech_end) * 1000  # the request left the client this long after
-
-        def at(ms: float | None) -> float | None:
-            return None if ms is None else round(offset + ms, 1)
-
-        row.transcript_ms = at(since.get("transcript"))
-        ttft = result.timings.get("llm_stats", {}).get("ttft_ms")
-        if row.transcript_ms is not None and ttft is not None:
-            row.first_token = round(row.transcript_ms + ttft, 1)
-        row.first_sentence = at(since.get("llm_first_sentence"))
-        row.first_audio = at(since.get("first_audio"))
-        row.first_frame = at(since.get("first_frame"))
-        if result.first_audio_s is not None:
-            row.client_first_audio = at(result.first_audio_s * 1000)
-
-    def close(self) -> None:
-        self.client.close()
+    row.transcript = reply.of("transcript")[0]["text"] if reply.of("transcript") else ""
+    row.endpoint = after("speech_end1")
+    row.transcript_ms = after("transcript")
+    timings = ends[0].get("timings", {})
+    since = timings.get("since_request_ms", {})
+    ttft = timings.get("llm_stats", {}).get("ttft_ms")
+    if row.transcript_ms is not None and ttft is not None:
+        row.first_token = round(row.transcript_ms + ttft, 1)
+    if row.transcript_ms is not None and "llm_first_sentence" in since:
+        # the LLM's first piece, on the server: its delay after the transcript, added
+        piece = since["llm_first_sentence"] - since.get("transcript", 0.0)
+        row.first_sentence = round(row.transcript_ms + piece, 1)
+    row.first_audio = after("first_audio_turn1")
+    row.first_frame = after("first_frames_turn1")
 
 
 def run_level(
-    url: str,
-    sessions: int,
-    per_session: int,
-    *,
-    end_silence_s: float,
-    pause_s: float,
-    settings: tuple[str, ...] = SETTINGS,
+    gateways: dict[str, str], sessions: int, per_session: int, *, pause_s: float
 ) -> list[TurnRow]:
-    """`sessions` speakers at once, each `per_session` questions per setting."""
+    """`sessions` speakers at once, each `per_session` questions per setting; `gateways`:
+    setting -> the WebSocket URL of its gateway."""
     items = questions()
+    settings = tuple(gateways)
     rows: list[TurnRow] = []
     lock = threading.Lock()
 
     def speaker(index: int) -> None:
-        session = Session(url, end_silence_s)
-        try:
-            n = len(settings)
-            for q in range(per_session * n):
-                source, audio = items[(index * 7 + q // n) % len(items)]
-                # every setting gets every question; the order alternates per question
-                setting = settings[(q + q // n + index) % n]
-                row = TurnRow(sessions, setting, source, round(len(audio) / 16_000, 2), "")
-                try:
-                    session.turn(row, audio, seed=q // n)
-                except Exception as error:  # a broken turn is a figure, not the end
-                    row.error = f"{type(error).__name__}: {error}"
-                with lock:
-                    rows.append(row)
-                time.sleep(pause_s)
-        finally:
-            session.close()
+        n = len(settings)
+        for q in range(per_session * n):
+            source, audio = items[(index * 7 + q // n) % len(items)]
+            # every setting gets every question; the order alternates per question
+            setting = settings[(q + q // n + index) % n]
+            row = TurnRow(sessions, setting, source, round(len(audio) / 16_000, 2), "")
+            try:
+                spoken_turn(gateways[setting], row, audio, seed=q // n)
+            except Exception as error:  # a broken turn is a figure, not the end
+                row.error = f"{type(error).__name__}: {error}"
+            with lock:
+                rows.append(row)
+            time.sleep(pause_s)
 
     threads = [threading.Thread(target=speaker, args=(i,)) for i in range(sessions)]
     for t in threads:
@@ -224,6 +182,38 @@ def run_level(
     for t in threads:
         t.join()
     return rows
+
+
+@contextlib.contextmanager
+def gateway(triton_url: str, setting: str, end_silence_s: float):
+    """A gateway process for `setting`; yields its WebSocket URL once it is healthy."""
+    import socket
+    import subprocess
+    import sys
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [sys.executable, "-m", "gateway", "--triton-url", triton_url, "--port", str(port)]
+    command += ["--end-silence-s", str(end_silence_s)]
+    if setting == "release":
+        command += ["--no-speculate", "--model", "avatar_release"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2):
+                    break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the {setting} gateway did not start") from None
+                time.sleep(0.3)
+        yield f"ws://127.0.0.1:{port}/ws"
+    finally:
+        process.terminate()
+        process.wait(10)
 
 
 def _field(milestone: str) -> str:
@@ -286,7 +276,9 @@ def markdown(summary: list[dict]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", help="gRPC address of a running server with the *_release copies")
+    parser.add_argument(
+        "--url", help="Triton gRPC address (release needs the *_release copies); default: start one"
+    )
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument(
         "--settings",
@@ -314,17 +306,14 @@ def command(args: argparse.Namespace) -> int:
             add_release_models(tmp / "repository")
             server = EmbeddedServer(ServerOptions(tmp / "repository", startup_timeout_s=600))
             url = stack.enter_context(server).grpc_url
+        gateways = {
+            setting: stack.enter_context(gateway(url, setting, args.end_silence_s))
+            for setting in args.settings
+        }
         rows: list[TurnRow] = []
         for sessions in args.sessions:
             log.info("%d session(s), %d questions per setting each", sessions, args.questions)
-            rows += run_level(
-                url,
-                sessions,
-                args.questions,
-                end_silence_s=args.end_silence_s,
-                pause_s=args.pause_s,
-                settings=tuple(args.settings),
-            )
+            rows += run_level(gateways, sessions, args.questions, pause_s=args.pause_s)
     summary = summarise(rows)
     meta = {"end_silence_s": args.end_silence_s, "pause_s": args.pause_s, "release": RELEASE}
     write_rows(rows, args.out / "turns", meta)

@@ -69,6 +69,20 @@ def test_spoken_question_streams_transcript_sentences_audio_and_frames(gateway: 
         assert abs(len(f.weights) / f.fps - len(a.pcm) / a.sample_rate) <= 1 / f.fps
     ended = reply.at["speech_end1"]
     assert reply.at["transcript"] > ended and reply.at["first_audio_turn1"] > reply.at["transcript"]
+    # the gateway transcribed at the first pause, while the endpointer still waited
+    (start,) = reply.of("turn_start")
+    assert start["speculative_asr"] is True and start["input"] == "audio"
+
+
+def test_a_pause_inside_a_question_discards_the_speculative_transcript(gateway: str) -> None:
+    """0.4 s of silence between two halves: ASR starts at the pause (0.2 s), the second half
+    discards it, and the one turn hears both halves."""
+    first, second = clips()[6], clips()[0]  # "My favorite color is blue." "Hello, how are ..."
+    pause = np.zeros(int(0.4 * 16_000), np.float32)
+    reply = asyncio.run(converse(_ws(gateway), np.concatenate([first.audio, pause, second.audio])))
+    assert len(reply.of("turn_start")) == 1, "the pause was taken for the end"
+    (transcript,) = reply.of("transcript")
+    assert wer(f"{first.text} {second.text}", transcript["text"]) < 0.2, transcript
 
 
 def test_barge_in_stops_the_reply_and_the_next_turn_answers(gateway: str) -> None:

@@ -3,7 +3,7 @@
 resident memory of tritonserver and of every python-backend stub is sampled from /proc.
 
 Prints failures, turn latency, and per process the memory first/last/max and its trend
-(least-squares slope in MB/min over the whole run and over its second half, after the
+(least-squares slope in MB/min over the whole run, its second half and its last fifth, after the
 warm-up); --out saves the samples as JSON. Starts its own embedded server (every model)
 with the supervisor on, so that the soak goes on after a stub died and says so.
 
@@ -84,6 +84,9 @@ def trend(samples: list[tuple[float, dict[str, float]]]) -> list[dict]:
         values = [sum(s.values()) if name == "total" else s[name] for _, s in samples
                   if name in s or name == "total"]  # fmt: skip
         half = len(times) // 2
+        # the last fifth: caches and allocator arenas grow to their high-water mark (longer
+        # sessions, longer prompts) and then stay; a leak keeps its slope here too
+        tail = len(times) - max(2, len(times) // 5)
         rows.append({
             "process": name,
             "first MB": values[0],
@@ -91,6 +94,7 @@ def trend(samples: list[tuple[float, dict[str, float]]]) -> list[dict]:
             "max MB": max(values),
             "slope MB/min": probe.slope_per_minute(times, values),
             "2nd-half slope MB/min": probe.slope_per_minute(times[half:], values[half:]),
+            "last-fifth slope MB/min": probe.slope_per_minute(times[tail:], values[tail:]),
         })  # fmt: skip
     return rows
 

@@ -7,6 +7,9 @@ import shutil
 
 import pytest
 
+from avatar.asr.transcribe import window_frames
+from avatar.serving.deployment import SOURCE_REPOSITORY
+from avatar.serving.repository import parse_config
 from avatar.sidecar import Sidecar, TensorSpec
 from export.asr.engine import Profile, build_engine, trtexec_command
 
@@ -22,18 +25,27 @@ def _flags(cmd: list[str]) -> dict[str, str]:
     return dict(c.split("=", 1) for c in cmd[1:] if "=" in c)
 
 
+def _smallest_window() -> int:
+    """The shortest encoder window the served `asr` model sends (its config parameters)."""
+    params = parse_config(SOURCE_REPOSITORY / "asr" / "config.pbtxt").parameters
+    step, margin = (int(params[k].string_value) for k in ("window_step", "window_margin"))
+    return window_frames(1, step or None, margin)
+
+
 def test_encoder_profile(sidecars, tmp_path):
     flags = _flags(
         trtexec_command(tmp_path / "m.onnx", tmp_path / "m.plan", sidecars["asr_encoder"])
     )
-    assert flags["--minShapes"] == "mel:1x80x300"
+    assert _smallest_window() == 400  # 1 s step + 3 s margin
+    assert flags["--minShapes"] == "mel:1x80x400"
+    assert flags["--optShapes"] == "mel:4x80x600"  # a 3-s question
     assert flags["--maxShapes"] == "mel:8x80x3000"
 
 
 def test_decoder_profile(sidecars, tmp_path):
     cmd = trtexec_command(tmp_path / "m.onnx", tmp_path / "m.plan", sidecars["asr_decoder"], "fp32")
     flags = _flags(cmd)
-    assert flags["--minShapes"] == "tokens:1x1,self_kv:1x12x8x0x64,cross_kv:1x12x8x150x64"
+    assert flags["--minShapes"] == "tokens:1x1,self_kv:1x12x8x0x64,cross_kv:1x12x8x200x64"
     assert flags["--maxShapes"] == "tokens:8x3,self_kv:8x12x8x447x64,cross_kv:8x12x8x1500x64"
     assert "--fp16" not in cmd
 

@@ -127,6 +127,10 @@ class Endpointer:
         self.max_chunks = round(max_utterance_s / CHUNK_S)
         self.chunks: list[np.ndarray] = []  # since the pre-roll before the current speech
 
+    def set_end_silence(self, seconds: float) -> None:
+        """Change the silence that ends an utterance (a live control)."""
+        self.detector.min_silence = max(1, round(seconds / CHUNK_S))
+
     def push(self, chunk: np.ndarray, prob: float) -> np.ndarray | None:
         """One chunk [512] and its probability -> the finished utterance, or None."""
         self.chunks.append(np.asarray(chunk, np.float32).reshape(CHUNK))

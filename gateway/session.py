@@ -34,6 +34,7 @@ AVATAR_OUTPUTS = (
 VAD_OUTPUTS = ("speech_prob", "next_context", "next_state")
 STRINGS = {"kind", "text", "emotion", "animation", "error", "timings"}
 MAX_TEXT_CHARS = 2000
+END_SILENCE_RANGE = (0.2, 2.0)  # seconds of silence that end an utterance (a control)
 
 
 @dataclasses.dataclass
@@ -140,6 +141,16 @@ class LiveSession:
     async def set_controls(self, values: Any) -> None:
         if not isinstance(values, dict):
             raise protocol.ProtocolError('"controls" needs an object field "controls"')
+        values = dict(values)
+        silence = values.pop("end_silence_s", None)  # the gateway's own control
+        if silence is not None:
+            low, high = END_SILENCE_RANGE
+            if isinstance(silence, bool) or not isinstance(silence, (int, float)):
+                raise protocol.ProtocolError(f"end_silence_s={silence!r}: expected seconds")
+            if not low <= silence <= high:
+                raise protocol.ProtocolError(
+                    f"end_silence_s={silence:g}: expected {low:g} to {high:g} seconds"
+                )
         merged = {**self.controls, **values}
         merged.pop("render", None)  # the page draws the face: no pixels over the socket
         try:
@@ -147,7 +158,15 @@ class LiveSession:
         except RequestError as error:
             raise protocol.ProtocolError(str(error)) from None
         self.controls = merged
-        await self.send_json({"type": "controls", "controls": self.controls})
+        if silence is not None:
+            self.options = dataclasses.replace(self.options, end_silence_s=float(silence))
+            self.endpointer.set_end_silence(silence)
+        await self.send_json(
+            {
+                "type": "controls",
+                "controls": {**self.controls, "end_silence_s": self.options.end_silence_s},
+            }
+        )
 
     async def close(self) -> None:
         if self.speculation is not None:

@@ -41,6 +41,28 @@ def test_protocol_frames_round_trip() -> None:
             protocol.parse_mic(bad)
 
 
+def test_end_silence_is_a_control_checked_by_the_gateway() -> None:
+    from gateway.session import LiveSession
+
+    sent: list[dict] = []
+
+    async def send_json(message: dict) -> None:
+        sent.append(message)
+
+    async def scenario() -> LiveSession:
+        session = LiveSession(None, send_json, send_json)
+        await session.set_controls({"end_silence_s": 0.4, "fps": 25})
+        for bad in ("soon", True, 0.05, 5):
+            with pytest.raises(protocol.ProtocolError, match="end_silence_s"):
+                await session.set_controls({"end_silence_s": bad})
+        return session
+
+    session = asyncio.run(scenario())
+    assert session.options.end_silence_s == 0.4
+    assert session.endpointer.detector.min_silence == round(0.4 / 0.032)
+    assert sent == [{"type": "controls", "controls": {"fps": 25, "end_silence_s": 0.4}}]
+
+
 def test_page_and_health(gateway: str) -> None:
     with urllib.request.urlopen(gateway + "/") as response:
         assert b"/static/live.js" in response.read()

@@ -23,7 +23,7 @@ function send(obj) { if (ws && ws.readyState === 1) ws.send(JSON.stringify(obj))
 function sendControls() {
   const controls = {
     emotion: $("emotion").value, intensity: +$("intensity").value,
-    alpha: +$("alpha").value, fps: +$("fps").value,
+    alpha: +$("alpha").value, fps: +$("fps").value, end_silence_s: +$("silence").value,
   };
   if ($("persona").value.trim()) controls.persona = $("persona").value.trim();
   send({ type: "controls", controls });
@@ -183,4 +183,4 @@ $("say").onsubmit = (e) => {
   const text = $("text").value.trim();
   if (text) { send({ type: "text", text }); log("you: " + text, "user"); $("text").value = ""; }
 };
-for (const id of ["emotion", "intensity", "alpha", "fps", "persona"]) $(id).onchange = sendControls;
+for (const id of ["emotion", "intensity", "alpha", "fps", "silence", "persona"]) $(id).onchange = sendControls;

@@ -66,13 +66,13 @@ class TurnRow:
     source: str  # "human" or "voice"
     speech_s: float
     transcript: str
-    endpoint: float | None = None  # ms after the end of speech
+    # ms after the end of speech (client side), None when not reached
+    endpoint: float | None = None
     transcript_ms: float | None = None
     first_token: float | None = None
     first_sentence: float | None = None
     first_audio: float | None = None
     first_frame: float | None = None
-    client_first_audio: float | None = None
     error: str = ""
 
 
@@ -226,7 +226,7 @@ def summarise(rows: list[TurnRow]) -> list[dict]:
     keys = sorted({(r.sessions, r.setting) for r in rows}, key=lambda k: (k[0], k[1] != "today"))
     for sessions, setting in keys:
         group = [r for r in rows if (r.sessions, r.setting) == (sessions, setting)]
-        for milestone in (*MILESTONES, "client_first_audio"):
+        for milestone in MILESTONES:
             values = [getattr(r, _field(milestone)) for r in group if not r.error]
             values = [v for v in values if v is not None]
             if not values:
@@ -253,7 +253,7 @@ def markdown(summary: list[dict]) -> str:
         "|---:|---|---:|---:|---:|",
     ]
     for sessions in sorted({s["sessions"] for s in summary}):
-        for milestone in (*MILESTONES, "client_first_audio"):
+        for milestone in MILESTONES:
             today, release = (
                 by.get((sessions, "today", milestone)),
                 by.get((sessions, "release", milestone)),

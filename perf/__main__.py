@@ -6,6 +6,7 @@
   sweep     one or more models' concurrency sweep (time windows until stable) -> CSV
   asr-windows  encoder window length vs WER on real speech and time -> build/perf/asr/
   latency   spoken questions in real time, 1/2/4 sessions, today vs release -> build/perf/latency/
+  endpointing  end-of-speech silence vs questions cut early -> build/perf/endpointing/
   first-piece  first TTS piece at a clause break vs a full stop -> build/perf/first_piece/
 
 Against a running server (`--url`), or an embedded server it starts itself. Results are
@@ -176,13 +177,16 @@ def main(argv: list[str] | None = None) -> int:
     bl.add_argument("--out", type=Path, default=DEFAULT_OUT / "baseline")
     bl.set_defaults(func=_baseline)
 
-    from perf import asr_windows, first_piece, latency
+    from perf import asr_windows, endpointing, first_piece, latency
 
     asr_windows.add_arguments(
         sub.add_parser("asr-windows", help="ASR window length vs WER on real speech and time")
     )
     latency.add_arguments(
         sub.add_parser("latency", help="spoken turns in real time: where the time goes")
+    )
+    endpointing.add_arguments(
+        sub.add_parser("endpointing", help="end-of-speech silence vs questions cut early")
     )
     first_piece.add_arguments(
         sub.add_parser("first-piece", help="first TTS piece at a clause break vs a full stop")

@@ -7,6 +7,9 @@ import csv
 import json
 from pathlib import Path
 
+import numpy as np
+import pytest
+
 from avatar.serving.server import EmbeddedServer
 from perf.__main__ import main
 
@@ -122,3 +125,15 @@ def test_release_copies_carry_the_first_release_settings(
         assert config.name == f"{name}_release"
         assert {k: config.parameters[k].string_value for k in values} == values
         assert (tmp_path / f"{name}_release" / "1" / "model.py").is_file()
+
+
+def test_endpointing_counts_questions_cut_at_a_pause() -> None:
+    from avatar.vad import CHUNK_S
+    from perf.endpointing import endpoints
+
+    # 20 chunks of speech, a 10-chunk (0.32 s) pause, 20 more, then silence
+    probs = np.concatenate([np.full(20, 0.9), np.zeros(10), np.full(20, 0.9), np.zeros(40)])
+    early, delay = endpoints(probs, end_silence_s=0.2)
+    assert early == 1 and delay == pytest.approx(6 * CHUNK_S)  # round(0.2 / 0.032) chunks
+    early, delay = endpoints(probs, end_silence_s=0.5)
+    assert early == 0 and delay == pytest.approx(16 * CHUNK_S)

@@ -75,7 +75,9 @@ def _input(name: str, array: np.ndarray, dtype: str):
     return tensor
 
 
-def _decode(result) -> dict[str, Any]:
+def decode_response(result) -> dict[str, Any]:
+    """One `avatar` response -> its outputs by name (strings decoded, scalars unwrapped);
+    shared by the gRPC clients and the live gateway."""
     out: dict[str, Any] = {}
     for tensor in result.get_response().outputs:
         value = result.as_numpy(tensor.name)
@@ -146,7 +148,7 @@ def stream_turn(
             if error is not None:
                 turn.error, ended = str(error), True
                 break
-            response = _decode(result)
+            response = decode_response(result)
             _collect(turn, response, time.perf_counter() - started)
             if on_response is not None and response:
                 on_response(response)

@@ -23,16 +23,13 @@ from avatar.animation.tables import ARKIT_NAMES
 from avatar.errors import RequestError
 from avatar.pipeline.request import Controls
 from avatar.vad import CHUNK, CHUNK_S, Endpointer, VadStream
+from clients.avatar_stream import OUTPUTS, decode_response
 from gateway import protocol
 
 log = logging.getLogger(__name__)
 
-AVATAR_OUTPUTS = (
-    "kind", "text", "sentence_index", "emotion", "start_time", "audio", "sample_rate", "fps",
-    "blendshapes", "head_pose", "animation", "error", "timings",
-)  # fmt: skip
+AVATAR_OUTPUTS = tuple(n for n in OUTPUTS if n != "video")  # the page draws the face
 VAD_OUTPUTS = ("speech_prob", "next_context", "next_state")
-STRINGS = {"kind", "text", "emotion", "animation", "error", "timings"}
 MAX_TEXT_CHARS = 2000
 END_SILENCE_RANGE = (0.2, 2.0)  # seconds of silence that end an utterance (a control)
 
@@ -343,15 +340,15 @@ class LiveSession:
 
     async def _forward(self, turn: _Turn, result, started: float) -> bool:
         """One avatar response -> protocol messages; True after the final one."""
-        r = _decode(result)
+        r = decode_response(result)
         kind = r.get("kind")
         if kind == "transcript":
             await self.send_json(
                 {"type": "transcript", "turn": turn.number, "text": r["text"], "final": True}
             )
         elif kind == "sentence":
-            index, start = int(r["sentence_index"][0]), float(r["start_time"][0])
-            rate, fps = int(r["sample_rate"][0]), float(r["fps"][0])
+            index, start = r["sentence_index"], r["start_time"]
+            rate, fps = r["sample_rate"], r["fps"]
             audio = r["audio"]
             duration = len(audio) / rate if rate else 0.0
             now = time.monotonic()
@@ -402,17 +399,3 @@ class LiveSession:
             )
             return True
         return False
-
-
-def _decode(result) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name in AVATAR_OUTPUTS:
-        value = result.as_numpy(name)
-        if value is None:
-            continue
-        if name in STRINGS:
-            item = value.reshape(-1)[0] if value.size else b""
-            out[name] = item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item)
-        else:
-            out[name] = value
-    return out

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gateway.process import running_gateway
 from perf.report import DEFAULT_OUT, plot_bars, write_rows
 
 log = logging.getLogger(__name__)
@@ -184,36 +185,11 @@ def run_level(
     return rows
 
 
-@contextlib.contextmanager
-def gateway(triton_url: str, setting: str, end_silence_s: float):
-    """A gateway process for `setting`; yields its WebSocket URL once it is healthy."""
-    import socket
-    import subprocess
-    import sys
-    import urllib.request
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    command = [sys.executable, "-m", "gateway", "--triton-url", triton_url, "--port", str(port)]
-    command += ["--end-silence-s", str(end_silence_s)]
+def _gateway_options(setting: str, end_silence_s: float) -> list[str]:
+    options = ["--end-silence-s", str(end_silence_s)]
     if setting == "release":
-        command += ["--no-speculate", "--model", "avatar_release"]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2):
-                    break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the {setting} gateway did not start") from None
-                time.sleep(0.3)
-        yield f"ws://127.0.0.1:{port}/ws"
-    finally:
-        process.terminate()
-        process.wait(10)
+        options += ["--no-speculate", "--model", "avatar_release"]
+    return options
 
 
 def _field(milestone: str) -> str:
@@ -307,7 +283,10 @@ def command(args: argparse.Namespace) -> int:
             server = EmbeddedServer(ServerOptions(tmp / "repository", startup_timeout_s=600))
             url = stack.enter_context(server).grpc_url
         gateways = {
-            setting: stack.enter_context(gateway(url, setting, args.end_silence_s))
+            setting: stack.enter_context(
+                running_gateway(url, _gateway_options(setting, args.end_silence_s), quiet=True)
+            )[0].replace("http://", "ws://")
+            + "/ws"
             for setting in args.settings
         }
         rows: list[TurnRow] = []

@@ -6,13 +6,7 @@ The server is started once per test session on free ports with every model of
 
 from __future__ import annotations
 
-import json
 import logging
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,41 +40,10 @@ def vad_artifact() -> Path:
     return ensure_all(["vad"])["vad"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def gateway(triton_server: EmbeddedServer) -> Iterator[str]:
     """The gateway's base URL (http://127.0.0.1:PORT), once `/healthz` says ready."""
-    port = _free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gateway",
-            "--triton-url",
-            triton_server.grpc_url,
-            "--port",
-            str(port),
-        ]
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(base + "/healthz", timeout=2) as response:
-                    if json.load(response)["ready"]:
-                        break
-            except OSError:
-                pass
-            assert process.poll() is None, "the gateway exited"
-            assert time.monotonic() < deadline, "the gateway never became ready"
-            time.sleep(0.3)
+    from gateway.process import running_gateway
+
+    with running_gateway(triton_server.grpc_url) as (base, _process):
         yield base
-    finally:
-        process.terminate()
-        process.wait(10)

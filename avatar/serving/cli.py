@@ -7,7 +7,6 @@ import contextlib
 import logging
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -77,18 +76,12 @@ def _serve(args: argparse.Namespace) -> int:
 @contextlib.contextmanager
 def _gateway(grpc_url: str, port: int, options: ServerOptions):
     """The live gateway (python -m gateway) as a child process, stopped on exit."""
+    from gateway.process import running_gateway
+
     if options.api_key or options.tls_cert:
         raise SystemExit("--web: the gateway does not pass an API key or TLS to Triton yet")
-    command = [sys.executable, "-m", "gateway", "--triton-url", grpc_url, "--port", str(port)]
-    process = subprocess.Popen(command)
-    try:
+    with running_gateway(grpc_url, port=port) as (_base, process):
         yield process
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
 
 
 def _demo(args: argparse.Namespace) -> int:

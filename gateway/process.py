@@ -1,0 +1,48 @@
+"""The gateway as a child process (`avatar serve --web`, benchmarks, tests)."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running_gateway(
+    triton_url: str, options: Sequence[str] = (), port: int | None = None, quiet: bool = False
+) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`python -m gateway` against `triton_url` with extra command-line `options`; yields
+    (its http://127.0.0.1:PORT base URL, the process) once `/healthz` says ready, and
+    stops it on exit."""
+    port = port or free_port()
+    command = [sys.executable, "-m", "gateway", "--triton-url", triton_url, "--port", str(port)]
+    output = subprocess.DEVNULL if quiet else None
+    process = subprocess.Popen([*command, *options], stdout=output, stderr=output)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(base + "/healthz", timeout=2):
+                    break
+            except OSError:  # not listening yet, or 503 while Triton's models load
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the gateway did not become ready: {command}") from None
+                time.sleep(0.3)
+        yield base, process
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()

@@ -128,43 +128,6 @@ def asr_decoder_samples(step: int = 6) -> list[Sample]:
     return captured[-1:]
 
 
-def llm_decoder_samples(steps: int = 4) -> list[Sample]:
-    """One real decode step of SmolLM2 (one new token after the persona + a question's
-    prefill and `steps` generated tokens): input_ids [1], attention_mask [past + 1],
-    position_ids [1], 60 past K/V tensors [3, past, 64]."""
-    import json
-
-    from avatar.llm.decoder import OrtDecoder
-    from avatar.llm.engine import ChatEngine, EngineConfig
-    from avatar.llm.sampling import SamplingParams
-    from avatar.llm.tokenizer import Tokenizer
-
-    folder = _artifact("llm_decoder")
-    captured: list[Sample] = []
-
-    class Recording(OrtDecoder):
-        def step(self, input_ids, attention_mask, position_ids, past):
-            if input_ids.shape == (1, 1):
-                names = self._past_names
-                sample = {
-                    "input_ids": input_ids[0],
-                    "attention_mask": attention_mask[0],
-                    "position_ids": position_ids[0],
-                }
-                sample.update({n: p[0] for n, p in zip(names, past, strict=True)})
-                captured.append(sample)
-            return super().step(input_ids, attention_mask, position_ids, past)
-
-    config = EngineConfig(
-        prefix_cache_entries=0, sampling=SamplingParams(temperature=0.0, max_tokens=steps + 1)
-    )
-    engine = ChatEngine(Recording(folder / "model.onnx"), Tokenizer(folder), config)
-    messages = json.dumps([{"role": "user", "content": QUESTIONS[0]}])
-    for _ in engine.chat(messages):
-        pass
-    return captured[steps - 1 : steps]
-
-
 def renderer_samples(count: int = 32) -> list[Sample]:
     """ARKit-52 frames and head poses of a real spoken sentence (TTS phoneme timings ->
     avatar.animation), one frame per sample."""
@@ -231,7 +194,6 @@ SAMPLES: dict[str, Callable[[], list[Sample]]] = {
     "tts_vits": tts_vits_samples,
     "asr_encoder": asr_encoder_samples,
     "asr_decoder": asr_decoder_samples,
-    "llm_decoder": llm_decoder_samples,
 }
 # decoupled models: perf_analyzer needs --streaming (gRPC stream) for them
 STREAMING = {"tts", "llm", "avatar"}

@@ -1,15 +1,23 @@
-"""Figures of the `llm` model on a real embedded tritonserver (printed, never asserted):
-time to first token with a cold and a warm prefix cache, aggregate tokens/s at 1/4/8
-concurrent gRPC streams (decode steps batched by the BLS, KV cache sent per step).
+"""Generation through tritonserver against the same engine in-process, side by side in one
+run (printed and written, never asserted): aggregate tokens/s at 1/4/8 concurrent streams
+and time to first token.
 
-    python -m perf.llm_server
+Through Triton, the `llm` BLS model sends each decode step as one request per stream to
+`llm_decoder`, which keeps the KV caches (sequence batching with implicit state; embedded:
+avatar/triton/sequence_runner.py). In-process, the same scheduler runs the same decoder
+code directly (avatar.llm.sequences.KvCacheSequences over ONNX Runtime, 1 thread). Both get
+the same sampled requests (same seeds), so both generate the same tokens.
+
+    python -m perf.llm_server [--rounds 3] [--out build/perf/llm_server.json]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import queue
+import statistics
 import tempfile
 import threading
 import time
@@ -22,6 +30,18 @@ from avatar.llm.bench import QUESTIONS
 log = logging.getLogger(__name__)
 
 MODELS = ("llm", "llm_decoder")
+STREAMS = (1, 4, 8)
+MAX_TOKENS = 48
+# the `llm` model's default sampling (model_repository/llm/config.pbtxt), stated per request
+SAMPLING = {"temperature": 0.7, "top_p": 0.9, "top_k": 50, "repetition_penalty": 1.1}
+
+
+def _sampling(seed: int) -> dict:
+    return {**SAMPLING, "seed": seed, "max_tokens": MAX_TOKENS}
+
+
+def _question(i: int) -> list[dict]:
+    return [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]
 
 
 def stream_turn(url: str, messages: list[dict], sampling: dict) -> tuple[float, int, dict]:
@@ -55,53 +75,114 @@ def stream_turn(url: str, messages: list[dict], sampling: dict) -> tuple[float, 
         client.close()
 
 
-def _one_stream(url: str, i: int, tokens: list[int]) -> None:
-    question = [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]
-    _, _, stats = stream_turn(url, question, {"seed": i, "max_tokens": 48})
-    tokens.append(int(stats["completion_tokens"]))
+def through_triton(url: str, streams: int) -> tuple[float, list[float]]:
+    """(aggregate tokens/s, server-side ttft_ms per stream) of `streams` concurrent turns."""
+    stats: list[dict] = []
+
+    def one(i: int) -> None:
+        stats.append(stream_turn(url, _question(i), _sampling(i))[2])
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(streams)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.monotonic() - started
+    if len(stats) != streams:
+        raise RuntimeError(f"{streams - len(stats)} of {streams} streams failed")
+    return sum(s["completion_tokens"] for s in stats) / elapsed, [s["ttft_ms"] for s in stats]
 
 
-def report(url: str) -> None:
-    greedy1 = {"temperature": 0, "max_tokens": 1}
-    print("time to first token through tritonserver (server-side ttft_ms, max_tokens 1):")
-    for label in ("cold prefix cache", "warm prefix cache"):
-        persona = "You are Max, a calm museum guide. Keep answers short. " * 6
-        system = {"role": "system", "content": persona}
-        _, _, stats = stream_turn(url, [system, {"role": "user", "content": "Hi"}], greedy1)
-        if label == "cold prefix cache":
-            print(
-                f"  {label}: {stats['ttft_ms']:.0f} ms ({stats['prompt_tokens']:.0f} prompt tokens)"
+def in_process(engine, streams: int) -> tuple[float, list[float]]:
+    """The same turns on an in-process engine whose scheduler runs in its own thread."""
+    finals: queue.Queue = queue.Queue()
+    started = time.monotonic()
+    for i in range(streams):
+        request = engine.parse(json.dumps(_question(i)), "", json.dumps(_sampling(i)))
+        engine.submit(request, lambda e: e.finish_reason and finals.put(e.stats))
+    stats = [finals.get(timeout=300) for _ in range(streams)]
+    elapsed = time.monotonic() - started
+    return sum(s["completion_tokens"] for s in stats) / elapsed, [s["ttft_ms"] for s in stats]
+
+
+def _engine(folder: Path):
+    from avatar.llm.decoder import OrtDecoder
+    from avatar.llm.engine import ChatEngine, EngineConfig
+    from avatar.llm.tokenizer import Tokenizer
+
+    engine = ChatEngine(
+        OrtDecoder(folder / "model.onnx", threads=1), Tokenizer(folder), EngineConfig()
+    )
+    engine.scheduler.start()
+    return engine
+
+
+def measure(url: str, folder: Path, rounds: int) -> list[dict]:
+    """Rounds alternate in-process and Triton for each stream count (both warmed first)."""
+    engine = _engine(folder)
+    try:
+        in_process(engine, 1)  # warm-up: the persona reaches both prefix caches
+        through_triton(url, 1)
+        rows = []
+        for streams in STREAMS:
+            local, served, ttft_local, ttft_served = [], [], [], []
+            for _ in range(rounds):
+                rate, ttft = in_process(engine, streams)
+                local.append(rate)
+                ttft_local += ttft
+                rate, ttft = through_triton(url, streams)
+                served.append(rate)
+                ttft_served += ttft
+            rows.append(
+                {
+                    "streams": streams,
+                    "in_process_tokens_per_s": statistics.median(local),
+                    "triton_tokens_per_s": statistics.median(served),
+                    "ratio": statistics.median(served) / statistics.median(local),
+                    "in_process_ttft_ms_p50": statistics.median(ttft_local),
+                    "triton_ttft_ms_p50": statistics.median(ttft_served),
+                    "rounds": rounds,
+                }
             )
-        else:
-            _, _, stats = stream_turn(
-                url, [system, {"role": "user", "content": "Where is the exit?"}], greedy1
-            )
-            print(f"  {label}: {stats['ttft_ms']:.0f} ms ({stats['cached_tokens']:.0f} cached)")
-    print("aggregate tokens/s over gRPC (sampled, 48 tokens max per stream):")
-    for streams in (1, 4, 8):
-        tokens: list[int] = []
-        started = time.monotonic()
-        threads = [
-            threading.Thread(target=_one_stream, args=(url, i, tokens)) for i in range(streams)
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        elapsed = time.monotonic() - started
-        print(f"  {streams} streams: {sum(tokens) / elapsed:6.1f} tokens/s")
+            log.info("%d streams: %s", streams, rows[-1])
+        return rows
+    finally:
+        engine.scheduler.stop()
+
+
+def print_table(rows: list[dict]) -> None:
+    print(f"tokens/s, median of {rows[0]['rounds']} rounds ({MAX_TOKENS} tokens max per stream,")
+    print("sampled, prefill included); ttft: server-side, p50 over the rounds' streams")
+    print("streams  in-process  through Triton  ratio   ttft in-process  ttft Triton")
+    for r in rows:
+        print(
+            f"{r['streams']:>7}  {r['in_process_tokens_per_s']:>10.1f}  "
+            f"{r['triton_tokens_per_s']:>14.1f}  {r['ratio']:>5.2f}   "
+            f"{r['in_process_ttft_ms_p50']:>12.0f} ms  {r['triton_ttft_ms_p50']:>8.0f} ms"
+        )
 
 
 def main() -> None:
     from avatar.serving.deployment import build_repository
     from avatar.serving.server import EmbeddedServer, ServerOptions
+    from export.registry import ensure_all
 
+    parser = argparse.ArgumentParser(prog="python -m perf.llm_server", description=__doc__)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=Path("build/perf/llm_server.json"))
+    args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    folder = ensure_all(["llm_decoder"])["llm_decoder"]
     with tempfile.TemporaryDirectory() as tmp:
         repository = Path(tmp) / "models"
         build_repository(repository, "embedded", MODELS)
         with EmbeddedServer(ServerOptions(repository, models=MODELS)) as server:
-            report(server.grpc_url)
+            rows = measure(server.grpc_url, folder, args.rounds)
+    print_table(rows)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(rows, indent=2))
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -67,19 +67,21 @@ def test_int4_variant_on_request():
 
 
 def test_config_matches_sidecar(artifact):
+    """The declared inputs/outputs plus the implicit state (past_key_values.* fed from
+    present.*) are exactly the export's tensors."""
     from pathlib import Path
 
-    from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2 as mc
+    from avatar.serving.repository import check_against_sidecar, parse_config
 
     path = Path(__file__).parent.parent / "model_repository" / "llm_decoder" / "config.pbtxt"
-    config = text_format.Parse(path.read_text(), mc.ModelConfig())
+    config = parse_config(path)
     sidecar = Sidecar.load(artifact)
-    for declared, exported in ((config.input, sidecar.inputs), (config.output, sidecar.outputs)):
-        assert [t.name for t in declared] == [t.name for t in exported]
-        for t, spec in zip(declared, exported, strict=True):
-            assert list(t.dims) == spec.triton_dims(sidecar.batch_axis), t.name
-            assert mc.DataType.Name(t.data_type) == spec.triton_dtype, t.name
+    check_against_sidecar(config, sidecar)  # names, dtypes, dims of all tensors
+    states = {s.input_name: s.output_name for s in config.sequence_batching.state}
+    past = [t.name for t in sidecar.inputs if t.name.startswith("past_key_values.")]
+    assert list(states) == past
+    assert list(states.values()) == [p.replace("past_key_values", "present") for p in past]
+    assert [t.name for t in config.output] == ["logits"]
 
 
 def test_prefix_cache_reuses_system_prompt_and_keeps_tokens(artifact, decoder):
@@ -259,3 +261,43 @@ def test_scheduler_stop_ends_every_pending_stream_with_a_final_event(artifact, d
         submit(eng, f"Tell me story {n}.", f"s{n}", f"t{n}", emit)
     eng.scheduler.stop()
     assert finals == ["error", "error", "error"]
+
+
+def test_sequences_hold_end_and_time_out_their_kv_caches(decoder):
+    """The implicit-state contract the embedded `llm_decoder` runner serves: state per
+    sequence id, released on end (its conversation joins the prefix cache) and after the
+    idle timeout, and steps that break the contract are RequestErrors naming the fault."""
+    import time
+
+    import numpy as np
+
+    from avatar.errors import RequestError
+    from avatar.llm.cache import PrefixCache
+    from avatar.llm.decoder import greedy
+    from avatar.llm.sequences import KvCacheSequences, Step
+
+    prompt = [1, 504, 3458, 282, 4649, 314]
+    expected = greedy(decoder, [prompt], 4)[0]
+    sequences = KvCacheSequences(decoder, PrefixCache(4), idle_timeout_s=30, max_sequences=2)
+    (logits,) = sequences.run([Step(1, prompt, 0, start=True)])
+    got = [int(logits.argmax())]
+    for n in range(3):
+        (logits,) = sequences.run([Step(1, [got[-1]], len(prompt) + n, end=n == 2)])
+        got.append(int(logits.argmax()))
+    assert got == expected and len(sequences) == 0
+    assert sequences.cache.lookup([*prompt, *expected[:3], 5])[0] == len(prompt) + 3
+    sequences.run([Step(2, prompt, 0, start=True)])
+    assert sequences.cached_tokens(2) == len(prompt) - 1  # all but the last prompt id
+    with pytest.raises(RequestError, match="never started"):
+        sequences.run([Step(3, [7], 5)])
+    with pytest.raises(RequestError, match="one token at position 6"):
+        sequences.run([Step(2, [7], 9)])
+    sequences.run([Step(4, [1, 2], 0, start=True)])
+    with pytest.raises(RequestError, match="2 sequences are open"):
+        sequences.run([Step(5, [1, 2], 0, start=True)])
+    sequences.idle_timeout_s = 0.05
+    time.sleep(0.1)
+    with pytest.raises(RequestError, match="idle for more than"):
+        sequences.run([Step(2, [7], len(prompt))])
+    assert len(sequences) == 0
+    assert np.isfinite(sequences.run([Step(6, prompt, 0, start=True, end=True)])[0]).all()

@@ -107,8 +107,9 @@ def test_multi_turn_chat_streams_tokens_and_sentences(grpc_url):
         grpc_url, [{"role": "user", "content": "What is your name?"}], "t1", GREEDY
     )
     assert error is None and second[-1]["finish_reason"] in ("stop", "length")
-    stats = json.loads(second[-1]["stats"])
-    assert stats["cached_tokens"] > stats["prompt_tokens"] / 2  # the first turn was reused
+    first_stats, stats = (json.loads(r[-1]["stats"]) for r in (first, second))
+    # the session's first turn (question + reply) is part of the second prompt
+    assert stats["prompt_tokens"] > first_stats["prompt_tokens"] + first_stats["completion_tokens"]
 
 
 def test_concurrent_streams_all_complete(grpc_url):
@@ -183,3 +184,74 @@ def test_bad_requests_get_clear_errors(grpc_url, messages, sampling, words):
     responses, error = chat(grpc_url, messages, "", sampling)
     assert error is not None and words in error and "invalid request" in error
     assert not responses
+
+
+# ------------------------------------------------- llm_decoder: the KV cache stays inside
+
+
+def decoder_step(url: str, sequence_id: int, ids: list[int], past: int, *, start=False, end=False):
+    """One step of a sequence on `llm_decoder`: (logits of the last position, error)."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    arrays = {
+        "input_ids": np.asarray([ids], np.int64),
+        "attention_mask": np.ones((1, past + len(ids)), np.int64),
+        "position_ids": np.arange(past, past + len(ids), dtype=np.int64)[None],
+    }
+    tensors = []
+    for name, value in arrays.items():
+        tensor = grpcclient.InferInput(name, list(value.shape), "INT64")
+        tensor.set_data_from_numpy(value)
+        tensors.append(tensor)
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        result = client.infer(
+            "llm_decoder", tensors, sequence_id=sequence_id, sequence_start=start, sequence_end=end
+        )
+        return result.as_numpy("logits")[0, -1], None
+    except InferenceServerException as error:
+        return None, str(error)
+    finally:
+        client.close()
+
+
+def test_llm_decoder_keeps_each_sequences_kv_cache(grpc_url):
+    """Two interleaved sequences stepped with token ids only give the greedy tokens the
+    in-process decoder gives with the whole cache passed in (export/llm verified that)."""
+    from avatar.llm.decoder import OrtDecoder, greedy
+    from export.registry import ensure_all
+
+    folder = ensure_all(["llm_decoder"])["llm_decoder"]
+    prompts = {7001: [1, 504, 3458, 282, 4649, 314], 7002: [1, 17830, 28, 638, 359, 346]}
+    expected = {k: greedy(OrtDecoder(folder / "model.onnx"), [p], 6)[0] for k, p in prompts.items()}
+    tokens = {k: [] for k in prompts}
+    for k, prompt in prompts.items():
+        logits, error = decoder_step(grpc_url, k, prompt, 0, start=True)
+        assert error is None, error
+        tokens[k].append(int(logits.argmax()))
+    for n in range(1, 6):
+        for k, prompt in prompts.items():  # interleaved: the states must stay apart
+            logits, error = decoder_step(
+                grpc_url, k, [tokens[k][-1]], len(prompt) + n - 1, end=n == 5
+            )
+            assert error is None, error
+            tokens[k].append(int(logits.argmax()))
+    assert tokens == expected
+
+
+def test_llm_decoder_steps_of_unknown_or_ended_sequences_are_clear_errors(grpc_url):
+    """Triton's sequence batcher refuses steps of sequences it does not know (the runner's
+    own checks, for sequences it dropped, are in test_llm_engine); a bad step fails alone."""
+    _, error = decoder_step(grpc_url, 7101, [42], 3)
+    assert error and "must specify the START flag" in error
+    logits, error = decoder_step(grpc_url, 7102, [1, 42], 0, start=True, end=True)
+    assert error is None and logits is not None
+    _, error = decoder_step(grpc_url, 7102, [42], 2)  # ended with its first step
+    assert error and "must specify the START flag" in error
+    _, error = decoder_step(grpc_url, 7103, [1, 42], 0, start=True)
+    assert error is None
+    _, error = decoder_step(grpc_url, 7103, [42, 43], 2)  # one token per step
+    assert error and "one token" in error
+    _, error = decoder_step(grpc_url, 7103, [42], 2, end=True)  # the sequence survived
+    assert error is None

@@ -22,6 +22,7 @@ from avatar.llm.cache import PrefixCache
 from avatar.llm.decoder import Decoder
 from avatar.llm.sampling import Sampler, SamplingParams
 from avatar.llm.scheduler import Event, Generation, Scheduler
+from avatar.llm.sequences import KvCacheSequences, SequenceDecoder
 from avatar.llm.session import SessionStore, bound_context
 from avatar.llm.stream import SentenceSplitter, TextStream
 from avatar.llm.template import MAX_PROMPT_CHARS, Message, parse_messages, with_persona
@@ -62,7 +63,14 @@ class ChatRequest:
 class ChatEngine:
     """Thin glue over Tokenizer + SessionStore + PrefixCache + Scheduler."""
 
-    def __init__(self, decoder: Decoder, tokenizer: Tokenizer, config: EngineConfig | None = None):
+    def __init__(
+        self,
+        decoder: SequenceDecoder | Decoder,
+        tokenizer: Tokenizer,
+        config: EngineConfig | None = None,
+    ):
+        """`decoder`: a `SequenceDecoder` (e.g. `llm_decoder` through Triton, which keeps the
+        KV caches), or a stateless `Decoder` run in-process with a prefix cache."""
         self.config = config or EngineConfig()
         self.tokenizer = tokenizer
         self.sessions = SessionStore(self.config.sessions)
@@ -72,14 +80,17 @@ class ChatEngine:
         # so that a late stop can still correct the session's memory
         self._running: dict[tuple[str, str], list[tuple[ChatRequest, Generation]]] = {}
         self._recent: OrderedDict[tuple[str, str], ChatRequest] = OrderedDict()
-        self.cache = PrefixCache(self.config.prefix_cache_entries)
+        if isinstance(decoder, Decoder):
+            decoder = KvCacheSequences(decoder, PrefixCache(self.config.prefix_cache_entries))
         self.scheduler = Scheduler(
-            decoder,
-            tokenizer.stop_ids,
-            self.cache,
-            self.config.max_batch,
-            self.config.context_tokens,
+            decoder, tokenizer.stop_ids, self.config.max_batch, self.config.context_tokens
         )
+
+    @property
+    def cache(self) -> PrefixCache | None:
+        """The prefix cache, when the decoder runs in this process."""
+        decoder = self.scheduler.decoder
+        return decoder.cache if isinstance(decoder, KvCacheSequences) else None
 
     def parse(
         self, messages_json: str, session_id: str = "", sampling_json: str = ""
@@ -131,8 +142,7 @@ class ChatEngine:
         key = (request.session_id, request_id)
         template = self.tokenizer.template
         prefix, rest = template.split_system_segments(request.messages)
-        prefix_ids = self.tokenizer.encode_segments(prefix)
-        prompt = prefix_ids + self.tokenizer.encode_segments(rest)
+        prompt = self.tokenizer.encode_segments(prefix) + self.tokenizer.encode_segments(rest)
         reply: list[str] = []
 
         def on_event(event: Event) -> None:
@@ -154,7 +164,6 @@ class ChatEngine:
             stream=TextStream(self.tokenizer.stream_decoder(), request.sampling.stop),
             emit=on_event,
             is_cancelled=is_cancelled,
-            cache_prefix=len(prefix_ids),
             splitter=SentenceSplitter(self.config.first_clause_words),
         )
         if request_id:
@@ -229,6 +238,8 @@ class ChatEngine:
                 self.scheduler.step()
                 continue
             event = events.get()
+            if event.finish_reason is not None and not threaded:
+                self.scheduler.run_until_idle()  # the end step: next turns find its cache
             yield event
             if event.finish_reason is not None:
                 return

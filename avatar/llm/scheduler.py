@@ -1,25 +1,29 @@
-"""Batched decoding of concurrent generations over an abstract `Decoder`.
+"""Batched decoding of concurrent generations over a `SequenceDecoder`.
 
-Each loop iteration admits new generations (one prefill each, reusing the longest cached
-prefix of their prompt) and then runs ONE decode step for all active generations together:
-their pasts of different lengths are left-padded into one batch with an attention mask.
-Cancellation is checked before every step, so a cancelled stream stops within one step.
+Each loop iteration admits new generations (one start step each: the decoder runs the
+prompt, reusing what it has cached) and then runs ONE decode step for all active
+generations together. The decoder keeps every sequence's KV cache (Triton's sequence
+batching with implicit state, avatar/llm/sequences.py), so a step sends one token id per
+generation and gets logits back. A finished generation's sequence is closed by an `end`
+step in the next batch, which also feeds its last token (the cached conversation then
+ends where the next turn's prompt continues). Cancellation is checked before every step,
+so a cancelled stream stops within one step.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
+import secrets
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 
-import numpy as np
-
-from avatar.llm.cache import PrefixCache
-from avatar.llm.decoder import Decoder, Past, positions, stack_pasts, unstack_presents
+from avatar.llm.decoder import Decoder
 from avatar.llm.sampling import Sampler
+from avatar.llm.sequences import KvCacheSequences, SequenceDecoder, Step
 from avatar.llm.stream import Chunk, SentenceSplitter, TextStream
 
 log = logging.getLogger(__name__)
@@ -44,38 +48,38 @@ class Generation:
     stream: TextStream
     emit: Callable[[Event], None]
     is_cancelled: Callable[[], bool] = lambda: False
-    cache_prefix: int = 0  # the first n prompt ids are worth caching (the system prompt)
     splitter: SentenceSplitter = dataclasses.field(default_factory=SentenceSplitter)
     generated: list[int] = dataclasses.field(default_factory=list)
-    past: Past | None = None
-    cached_tokens: int = 0
+    sequence_id: int = 0  # set on admission
+    fed: int = 0  # tokens in the decoder's cache for this sequence
+    next_token: int | None = None  # sampled, not yet fed
+    cached_tokens: int | None = None
     submitted: float = dataclasses.field(default_factory=time.monotonic)
     first_token: float | None = None
     done: bool = False
     stopped: bool = False  # set by a stop request (another thread); ends it as "cancelled"
 
-    @property
-    def length(self) -> int:
-        """Tokens in the KV cache (the last sampled token is not in it yet)."""
-        return len(self.prompt) + len(self.generated) - 1
-
 
 class Scheduler:
-    """Runs generations on `decoder`, at most `max_batch` decode rows per step."""
+    """Runs generations on `decoder`, at most `max_batch` decode rows per step. A plain
+    `Decoder` is wrapped in `KvCacheSequences` (in-process, no prefix cache)."""
 
     def __init__(
         self,
-        decoder: Decoder,
+        decoder: SequenceDecoder | Decoder,
         stop_ids: frozenset[int],
-        prefix_cache: PrefixCache | None = None,
         max_batch: int = 8,
         max_context: int = 2048,
     ):
+        if isinstance(decoder, Decoder):
+            decoder = KvCacheSequences(decoder)
         self.decoder, self.stop_ids = decoder, stop_ids
-        self.cache = prefix_cache if prefix_cache is not None else PrefixCache()
         self.max_batch, self.max_context = max_batch, max_context
         self._queue: deque[Generation] = deque()
         self._active: list[Generation] = []
+        self._closing: list[Step] = []  # end steps of finished sequences, for the next batch
+        # random start: sequence ids must not collide with another instance's on one decoder
+        self._ids = itertools.count(secrets.randbits(48) + 1)
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -95,10 +99,13 @@ class Scheduler:
 
     def idle(self) -> bool:
         with self._wake:
-            return not self._queue and not self._active
+            return self.idle_locked()
+
+    def idle_locked(self) -> bool:
+        return not self._queue and not self._active and not self._closing
 
     def step(self) -> None:
-        """Admit waiting generations (prefill) and run one batched decode step."""
+        """Admit waiting generations (start steps) and run one batched decode step."""
         with self._wake:
             room = self.max_batch - len(self._active)
             admitted = [self._queue.popleft() for _ in range(min(room, len(self._queue)))]
@@ -109,13 +116,18 @@ class Scheduler:
             if generation.stopped or generation.is_cancelled():
                 self._finish(generation, "cancelled")
         self._active = [g for g in self._active if not g.done]
-        if self._active:
+        # end steps ride along in the batch (at least one per step, so none waits long)
+        room = max(1, self.max_batch - len(self._active))
+        closing, self._closing = self._closing[:room], self._closing[room:]
+        if self._active or closing:
             try:
-                self._decode(self._active)
+                self._decode(self._active, closing)
             except Exception as error:  # a failing decoder fails its rows, not the server
                 log.exception("decode step failed")
                 for generation in self._active:
                     self._finish(generation, "error", str(error))
+                for step in closing:
+                    self.decoder.release(step.sequence_id)
             self._active = [g for g in self._active if not g.done]
 
     def start(self) -> None:
@@ -137,6 +149,9 @@ class Scheduler:
             self._active = []
         for generation in left:
             self._finish(generation, "error", "the llm model is shutting down")
+        for step in self._closing:
+            self.decoder.release(step.sequence_id)
+        self._closing = []
 
     def run_until_idle(self) -> None:
         """Drive the loop in the calling thread until every submitted generation ended."""
@@ -148,7 +163,12 @@ class Scheduler:
     def _loop(self) -> None:
         while True:
             with self._wake:
-                while not self._stopping and not self._queue and not self._active:
+                while (
+                    not self._stopping
+                    and not self._queue
+                    and not self._active
+                    and not self._closing
+                ):
                     self._wake.wait()
                 if self._stopping:
                     return
@@ -162,35 +182,27 @@ class Scheduler:
             self._finish(generation, "error", str(error))
 
     def _prefill(self, g: Generation) -> None:
-        """Run the prompt (minus its cached prefix) and sample the first token."""
+        """Start the sequence with the whole prompt and sample the first token."""
         if g.stopped or g.is_cancelled():
             self._finish(g, "cancelled")
             return
-        n, past = self.cache.lookup(g.prompt)
-        if past is None:
-            past = self.decoder.layout.empty(1)
-        ids = np.asarray([g.prompt[n:]], np.int64)
-        mask = np.ones((1, len(g.prompt)), np.int64)
-        logits, presents = self.decoder.step(ids, mask, positions(mask, ids.shape[1]), past)
-        g.cached_tokens = n
-        if g.cache_prefix > n:
-            prefix = g.prompt[: g.cache_prefix]
-            self.cache.put(prefix, [np.ascontiguousarray(p[:, :, : len(prefix)]) for p in presents])
-        g.past = presents
-        self._accept(g, g.sampler.choose(logits[0, -1], g.prompt))
+        g.sequence_id = next(self._ids)
+        try:
+            (logits,) = self.decoder.run([Step(g.sequence_id, g.prompt, 0, start=True)])
+        except Exception:
+            self.decoder.release(g.sequence_id)
+            raise
+        g.fed = len(g.prompt)
+        g.cached_tokens = self.decoder.cached_tokens(g.sequence_id)
+        self._accept(g, g.sampler.choose(logits, g.prompt))
 
-    def _decode(self, rows: list[Generation]) -> None:
-        lengths = [g.length for g in rows]
-        past, past_mask = stack_pasts([g.past for g in rows], lengths)
-        mask = np.concatenate([past_mask, np.ones((len(rows), 1), np.int64)], axis=1)
-        ids = np.asarray([[g.generated[-1]] for g in rows], np.int64)
-        logits, presents = self.decoder.step(ids, mask, positions(mask, 1), past)
+    def _decode(self, rows: list[Generation], closing: list[Step]) -> None:
+        steps = [Step(g.sequence_id, [g.next_token], g.fed) for g in rows]
+        logits = self.decoder.run([*steps, *closing])
         self.steps += 1
-        self.batch_rows += len(rows)
-        for g, row_past, row_logits in zip(
-            rows, unstack_presents(presents, [n + 1 for n in lengths]), logits[:, -1], strict=True
-        ):
-            g.past = row_past
+        self.batch_rows += len(steps) + len(closing)
+        for g, row_logits in zip(rows, logits, strict=False):
+            g.fed += 1
             self._guard(
                 g,
                 lambda g, lg=row_logits: self._accept(
@@ -202,6 +214,7 @@ class Scheduler:
         """Record a sampled token, stream its text, and end the generation when due."""
         if g.first_token is None:
             g.first_token = time.monotonic()
+        g.next_token = token
         if token in self.stop_ids:
             self._finish(g, "stop")
             return
@@ -211,7 +224,7 @@ class Scheduler:
             g.emit(Event(g.splitter.push(delta)))
         if g.stream.stopped:
             self._finish(g, "stop")
-        elif len(g.generated) >= g.sampler.params.max_tokens or g.length + 1 >= self.max_context:
+        elif len(g.generated) >= g.sampler.params.max_tokens or g.fed + 1 >= self.max_context:
             self._finish(g, "length")
 
     def _finish(self, g: Generation, reason: str, error: str = "") -> None:
@@ -222,24 +235,21 @@ class Scheduler:
         sentence = g.splitter.flush()
         if sentence:
             chunks.append(Chunk("", sentence))
-        if g.past is not None and reason in ("stop", "length") and g.generated:
-            # The conversation so far, for the next turn of this session. The key is taken
-            # from what the cache really holds: a generation that ends on a stop id has fed
-            # its last token (unlike `length` assumes), and a key one token off would shift
-            # every position of the entry. Copied: views would keep batch tensors alive.
-            held = g.past[0].shape[2]
-            ids = (g.prompt + g.generated)[:held]
-            if len(ids) == held:
-                self.cache.put(ids, [np.ascontiguousarray(p) for p in g.past])
+        if g.fed and reason != "error" and g.next_token is not None:
+            # the end step feeds the last sampled token, so the decoder's cached
+            # conversation ends where the session's next prompt goes on
+            self._closing.append(Step(g.sequence_id, [g.next_token], g.fed, end=True))
+        elif g.fed:
+            self.decoder.release(g.sequence_id)
         now = time.monotonic()
         stats = {
             "prompt_tokens": float(len(g.prompt)),
-            "cached_tokens": float(g.cached_tokens),
             "completion_tokens": float(len(g.generated)),
             "ttft_ms": ((g.first_token or now) - g.submitted) * 1000,
             "total_ms": (now - g.submitted) * 1000,
         }
+        if g.cached_tokens is not None:
+            stats["cached_tokens"] = float(g.cached_tokens)
         if error:
             log.warning("generation ended with error: %s", error)
         g.emit(Event(chunks, reason, stats, error or None))
-        g.past = None

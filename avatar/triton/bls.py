@@ -45,11 +45,16 @@ def _request(
     outputs: Sequence[str],
     timeout_us: int,
     request_id: str = "",
+    *,
+    correlation_id: int = 0,
+    flags: int = 0,
 ) -> pb_utils.InferenceRequest:
     tensors = [pb_utils.Tensor(name, np.ascontiguousarray(value)) for name, value in inputs.items()]
     kwargs: dict = {"timeout": timeout_us} if timeout_us else {}
     if request_id:
         kwargs["request_id"] = request_id
+    if correlation_id:  # a step of a sequence (sequence batching); flags: START / END
+        kwargs["correlation_id"], kwargs["flags"] = correlation_id, flags
     kwargs["preferred_memory"] = pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_CPU, 0)
     return pb_utils.InferenceRequest(
         model_name=model, inputs=tensors, requested_output_names=list(outputs), **kwargs
@@ -86,9 +91,16 @@ def infer(
     timeout_us: int = 0,
     *,
     request_id: str = "",
+    correlation_id: int = 0,
+    flags: int = 0,
 ) -> dict[str, np.ndarray]:
-    """One synchronous BLS call. Raises StageError with the callee's message on failure."""
-    response = _request(model, inputs, outputs, timeout_us, request_id).exec()
+    """One synchronous BLS call. Raises StageError with the callee's message on failure.
+    `correlation_id` and `flags` (TRITONSERVER_REQUEST_FLAG_SEQUENCE_START/END) make it a
+    step of a sequence on a model with sequence batching."""
+    request = _request(
+        model, inputs, outputs, timeout_us, request_id, correlation_id=correlation_id, flags=flags
+    )
+    response = request.exec()
     return _outputs(model, response, outputs)
 
 

@@ -1,24 +1,27 @@
 """`llm`: decoupled BLS model, chat messages -> streamed reply (a thin adapter).
 
 All logic is in avatar/llm (unit-tested without a server). This file parses the config,
-wraps `llm_decoder` as an `avatar.llm.decoder.Decoder` through avatar.triton.bls, and maps
-scheduler events to responses. `execute` returns at once: a background scheduler thread
-runs the decode steps of every active stream as one batched call.
+wraps `llm_decoder` as an `avatar.llm.sequences.SequenceDecoder` through avatar.triton.bls,
+and maps scheduler events to responses. `execute` returns at once: a background scheduler
+thread runs the decode steps of every active stream together. `llm_decoder` keeps the KV
+caches (sequence batching with implicit state): a step sends each stream's new token as
+one request of its sequence, all at once, and the sequence batcher runs them as a batch.
 """
 
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from avatar.errors import RequestError
-from avatar.llm.decoder import Decoder, KvLayout, Past
 from avatar.llm.engine import ChatEngine, EngineConfig
 from avatar.llm.sampling import SamplingParams
 from avatar.llm.scheduler import Event
+from avatar.llm.sequences import SequenceDecoder, Step
 from avatar.llm.tokenizer import Tokenizer
 from avatar.triton import bls
 from avatar.triton.diagnostics import enable_crash_reports
@@ -28,22 +31,37 @@ from avatar.triton.params import ModelParameters
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
-class TritonDecoder(Decoder):
-    """`llm_decoder` called through BLS; tensor names from its own config."""
+class TritonSequenceDecoder(SequenceDecoder):
+    """`llm_decoder` through BLS: one request per sequence step, sent concurrently so that
+    the sequence batcher gathers them into one execution."""
 
-    def __init__(self, model: str, layout: KvLayout):
-        self.model, self.layout = model, layout
-        self._past, self._outputs = layout.past_names(), ["logits", *layout.present_names()]
+    def __init__(self, model: str, max_batch: int):
+        self.model = model
+        self._pool = ThreadPoolExecutor(max_batch, thread_name_prefix="llm-step")
 
-    def step(self, input_ids, attention_mask, position_ids, past: Past):
+    def run(self, steps):
+        if len(steps) == 1:
+            return [self._step(steps[0])]
+        return list(self._pool.map(self._step, steps))
+
+    def _step(self, step: Step) -> np.ndarray:
+        ids = np.asarray([step.ids], np.int64)
+        new = ids.shape[1]
+        flags = (pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START if step.start else 0) | (
+            pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END if step.end else 0
+        )
         inputs = {
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "position_ids": position_ids,
+            "input_ids": ids,
+            "attention_mask": np.ones((1, step.position + new), np.int64),
+            "position_ids": np.arange(step.position, step.position + new, dtype=np.int64)[None],
         }
-        inputs.update(zip(self._past, past, strict=True))
-        out = bls.infer(self.model, inputs, self._outputs)
-        return out["logits"], [out[name] for name in self._outputs[1:]]
+        out = bls.infer(
+            self.model, inputs, ["logits"], correlation_id=step.sequence_id, flags=flags
+        )
+        return out["logits"][0, -1]
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
 
 
 def _artifact_folder(repository: Path, decoder_model: str) -> Path:
@@ -53,13 +71,6 @@ def _artifact_folder(repository: Path, decoder_model: str) -> Path:
     if not (folder / "tokenizer.json").is_file():
         raise FileNotFoundError(f"{folder}/tokenizer.json is missing: materialise the repository")
     return folder
-
-
-def _layout(folder: Path) -> KvLayout:
-    config = json.loads((folder / "config.json").read_text())
-    heads = config["num_attention_heads"]
-    head_dim = config.get("head_dim") or config["hidden_size"] // heads
-    return KvLayout(config["num_hidden_layers"], config["num_key_value_heads"], head_dim)
 
 
 class TritonPythonModel:
@@ -72,12 +83,12 @@ class TritonPythonModel:
             persona=params.str("persona", EngineConfig.persona),
             context_tokens=params.int("context_tokens", EngineConfig.context_tokens),
             max_batch=params.int("max_batch", EngineConfig.max_batch),
-            prefix_cache_entries=params.int("prefix_cache_entries", 16),
             sessions=params.int("sessions", EngineConfig.sessions),
             first_clause_words=params.int("first_clause_words", 0),
             sampling=SamplingParams.from_json(json.loads(params.str("sampling", "{}"))),
         )
-        decoder = TritonDecoder(decoder_model, _layout(folder))
+        decoder = TritonSequenceDecoder(decoder_model, config.max_batch)
+        self.decoder = decoder
         self.engine = ChatEngine(decoder, Tokenizer(folder), config)
         self.engine.scheduler.start()
         self.generations, self.sessions = Gauge("llm", "generations"), Gauge("llm", "sessions")
@@ -131,6 +142,7 @@ class TritonPythonModel:
 
     def finalize(self) -> None:
         self.engine.scheduler.stop()
+        self.decoder.close()
         pb_utils.Logger.log_info("llm: finalized")
 
 

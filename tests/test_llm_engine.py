@@ -301,3 +301,11 @@ def test_sequences_hold_end_and_time_out_their_kv_caches(decoder):
         sequences.run([Step(2, [7], len(prompt))])
     assert len(sequences) == 0
     assert np.isfinite(sequences.run([Step(6, prompt, 0, start=True, end=True)])[0]).all()
+
+
+def test_warm_up_caches_the_persona_for_the_first_turn(artifact, decoder):
+    eng = engine(artifact, decoder)
+    eng.warm_up(lambda event: None)
+    eng.scheduler.run_until_idle()
+    _, end = run(eng, "Where is the lift?")
+    assert end.stats["cached_tokens"] >= 20  # the persona's tokens, before any real turn

@@ -11,6 +11,7 @@ not the whole generated text (also after the generation already ended).
 from __future__ import annotations
 
 import dataclasses
+import json
 import queue
 import threading
 from collections import OrderedDict
@@ -224,6 +225,13 @@ class ChatEngine:
         history = self.sessions.history(request.session_id)
         n = len(request.messages)
         return history[:n] == request.messages and len(history) <= n + 1
+
+    def warm_up(self, emit: Callable[[Event], None]) -> Generation:
+        """A one-token turn with the persona, so that the decoder's prefix cache holds the
+        persona's KV before the first user speaks (every prompt starts with it)."""
+        hello = json.dumps([{"role": "user", "content": "Hello!"}])
+        greedy = json.dumps({"temperature": 0, "max_tokens": 1})
+        return self.submit(self.parse(hello, "", greedy), emit)
 
     def chat(
         self, messages_json: str, session_id: str = "", sampling_json: str = ""

@@ -11,6 +11,9 @@ one request of its sequence, all at once, and the sequence batcher runs them as 
 from __future__ import annotations
 
 import json
+import queue
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -91,10 +94,29 @@ class TritonPythonModel:
         self.decoder = decoder
         self.engine = ChatEngine(decoder, Tokenizer(folder), config)
         self.engine.scheduler.start()
+        threading.Thread(target=self._warm_up, name="llm-warm-up", daemon=True).start()
         self.generations, self.sessions = Gauge("llm", "generations"), Gauge("llm", "sessions")
         pb_utils.Logger.log_info(
             f"llm: {folder.name} via {decoder_model}, batch {config.max_batch}"
         )
+
+    def _warm_up(self, attempts: int = 60) -> None:
+        """Runs the persona once so that the first turn finds its KV cached; retried while
+        `llm_decoder` is still loading (models load in no set order)."""
+        done: queue.Queue[Event] = queue.Queue()
+        for _ in range(attempts):
+            self.engine.warm_up(lambda e: e.finish_reason is not None and done.put(e))
+            try:
+                event = done.get(timeout=120)
+            except queue.Empty:
+                break
+            if event.finish_reason != "error":
+                pb_utils.Logger.log_info(
+                    f"llm: persona warmed up in {event.stats['total_ms']:.0f} ms"
+                )
+                return
+            time.sleep(1.0)
+        pb_utils.Logger.log_warn("llm: persona warm-up failed; the first turn runs it")
 
     def execute(self, requests: list) -> None:
         for request in requests:

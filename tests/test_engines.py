@@ -1,16 +1,21 @@
 """`python -m export engines` and the production configs: everything up to running TensorRT
 is tested here (profiles from the real sidecars, trtexec command lines, the ONNX Runtime
-reference side of the verification, the comparison, the config rewrite, materialisation);
-building and running engines needs TensorRT and skips without it."""
+reference side of the verification, the Polygraphy comparison on two ONNX Runtime runners,
+the config rewrite, materialisation); building and running engines needs TensorRT and skips
+without it."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
+from onnx import numpy_helper
 from tritonclient.grpc import model_config_pb2 as mc
 
 from avatar.serving.deployment import SOURCE_REPOSITORY, model_names
@@ -25,11 +30,12 @@ from avatar.serving.repository import (
 )
 from avatar.sidecar import Sidecar, TensorSpec
 from export.common import Tolerance, onnx_session
-from export.tensorrt import build, engine
+from export.tensorrt import build, engine, verify
 from export.tensorrt.build import STAGES, EngineVerificationError, Stage
 
 HAS_TRTEXEC = shutil.which("trtexec") is not None
-NO_TENSORRT = "TensorRT (trtexec) is not installed: engines are built on the GPU host"
+HAS_TENSORRT_PYTHON = importlib.util.find_spec("tensorrt") is not None
+NO_TENSORRT = "TensorRT (trtexec, tensorrt) is not installed: engines are built on the GPU host"
 ENGINE_MODELS = build.engine_models(SOURCE_REPOSITORY)
 
 
@@ -222,95 +228,184 @@ def test_build_command(tmp_path: Path, artifacts: dict[str, Path]) -> None:
     assert {"--int8", "--fp16"} <= set(int8)
 
 
-def test_run_command_and_input_files(tmp_path: Path) -> None:
-    inputs = {
-        "past_key_values.0.key": np.arange(6, dtype=np.float32).reshape(1, 2, 3),
-        "input_ids": np.array([[7, 8]], dtype=np.int64),
-    }
-    files = engine.write_inputs(inputs, tmp_path)
-    for name, array in inputs.items():
-        back = np.fromfile(files[name], dtype=array.dtype).reshape(array.shape)
-        assert np.array_equal(back, array)
-    cmd = engine.run_command(
-        tmp_path / "m.plan", files, {k: v.shape for k, v in inputs.items()}, tmp_path / "o.json"
-    )
-    flags = _flags(cmd)
-    assert flags["--loadEngine"] == str(tmp_path / "m.plan")
-    assert flags["--shapes"] == "past_key_values.0.key:1x2x3,input_ids:1x2"
-    assert flags["--loadInputs"] == (
-        f"'past_key_values.0.key':{files['past_key_values.0.key']},'input_ids':{files['input_ids']}"
-    )
-    assert flags["--exportOutput"] == str(tmp_path / "o.json")
-    assert flags["--iterations"] == "1"
+# ----------------------------------------------------------------- the comparison (Polygraphy)
 
 
-# trtexec's --exportOutput, as samples/common/sampleReporting.cpp writes it
-EXPORTED = """[
-  { "name" : "logits"
-  , "dimensions" : "2x3"
-  , "values" : [ 0.5, -1.25e-05, 3, nan, -inf, 7 ]
-  }
-, { "name" : "durations"
-  , "dimensions" : "3"
-  , "values" : [ 4, 0, 12 ]
-  }
-]
-"""
-
-
-def test_parse_exported_outputs() -> None:
-    out = engine.parse_exported_outputs(EXPORTED, {"durations": "int64"})
-    assert out["logits"].shape == (2, 3) and out["logits"].dtype == np.float32
-    assert out["logits"][0, 1] == np.float32(-1.25e-05)
-    assert np.isnan(out["logits"][1, 0]) and out["logits"][1, 1] == -np.inf
-    assert out["durations"].tolist() == [4, 0, 12] and out["durations"].dtype == np.int64
-    with pytest.raises(ValueError, match="6 values for dimensions '4x3'"):
-        engine.parse_exported_outputs(EXPORTED.replace('"2x3"', '"4x3"'))
-
-
-@pytest.mark.skipif(HAS_TRTEXEC, reason="TensorRT is installed here")
-def test_eight_bit_outputs_need_the_python_api(tmp_path: Path) -> None:
-    """trtexec prints uint8 values as characters, so the renderer's frames cannot be read
-    from its JSON: without the TensorRT Python API that is said, not misparsed."""
-    inputs = {"blendshapes": np.zeros((1, 52), np.float32)}
-    with pytest.raises(engine.TensorRTMissingError, match=r"\['frames'\] are 8-bit"):
-        engine.run_engine(tmp_path / "m.plan", inputs, tmp_path, {"frames": "uint8"})
-    with pytest.raises(engine.TensorRTMissingError, match="trtexec was not found"):
-        engine.run_engine(tmp_path / "m.plan", inputs, tmp_path, {"audio": "float32"})
-
-
-# ----------------------------------------------------------------- the comparison
-
-
-def test_comparison_on_onnx_runtime_outputs(artifacts: dict[str, Path]) -> None:
-    """An FP16-rounded copy of ORT's outputs passes the FP16 tolerances; a drift, a wrong
-    shape and a NaN do not, and every failing output is named."""
-    stage = STAGES["vad"]
-    sidecar = Sidecar.load(artifacts["vad"])
+def _case(name: str, artifact: Path) -> tuple[dict[str, np.ndarray], dict[str, Tolerance]]:
+    """The engine check's own inputs and tolerances (at the stage's default precision)."""
+    stage = STAGES[name]
+    sidecar = Sidecar.load(artifact)
     axes = build.axis_values(stage.make_profile(), stage.verify_axes)
     inputs = build.sample_inputs(sidecar, axes, stage.inputs, seed=3)
-    names = [o.name for o in sidecar.outputs]
-    reference = dict(
-        zip(names, onnx_session(artifacts["vad"] / "model.onnx").run(names, inputs), strict=True)
-    )
-    tolerances = stage.tolerances("fp16", names)
-    halved = {k: v.astype(np.float16).astype(np.float32) for k, v in reference.items()}
-    results = build.compare_engine(reference, halved, tolerances, "vad")
-    assert [r.name for r in results] == names and all(r.max_abs > 0 for r in results)
+    return inputs, stage.tolerances(stage.default, [o.name for o in sidecar.outputs])
 
-    drifted = dict(halved, speech_prob=halved["speech_prob"] + 0.05)
-    drifted["next_state"] = halved["next_state"].copy()
-    drifted["next_state"][0, 0, 0] = np.nan
-    with pytest.raises(EngineVerificationError) as error:
-        build.compare_engine(reference, drifted, tolerances, "vad")
-    message = str(error.value)
-    assert "'speech_prob': max abs error 0.05" in message
-    assert "'next_state': the engine produced NaN or Inf" in message
-    assert "next_context" not in message
-    with pytest.raises(EngineVerificationError, match="shape"):
-        build.compare_engine(
-            reference, dict(halved, next_context=halved["next_context"][:1]), tolerances, "vad"
+
+def _altered(artifact: Path, folder: Path, change: Callable[[str, np.ndarray], np.ndarray]) -> Path:
+    """A copy of the export with every float initializer passed through `change`."""
+    model = onnx.load(str(artifact / "model.onnx"))
+    for init in model.graph.initializer:
+        array = numpy_helper.to_array(init)
+        if array.dtype == np.float32:
+            init.CopyFrom(numpy_helper.from_array(change(init.name, array), init.name))
+    path = folder / "model.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+def _outputs(path: Path, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    session = onnx_session(path)
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, inputs), strict=True))
+
+
+@pytest.mark.parametrize("name", ["vad", "renderer"])  # renderer: uint8 frames
+def test_reference_against_itself_passes(name: str, artifacts: dict[str, Path]) -> None:
+    inputs, tolerances = _case(name, artifacts[name])
+    onnx_path = artifacts[name] / "model.onnx"
+    candidate = verify.onnx_reference(onnx_path, "candidate")
+    for tols in (tolerances, {output: Tolerance(0.0) for output in tolerances}):
+        checks = verify.compare_runners(candidate, verify.onnx_reference(onnx_path), inputs, tols)
+        assert [c.name for c in checks] == list(tolerances)
+        assert all(c.passed and c.max_abs == 0.0 and c.max_rel == 0.0 for c in checks), checks
+        verify.require_passed(checks, name)  # does not raise
+
+
+def test_fp16_rounded_weights_fail_a_tight_tolerance_and_meet_the_stated_one(
+    vad_artifact: Path, tmp_path: Path
+) -> None:
+    """Weights rounded to FP16 (an engine's FP16 error, on ONNX Runtime): Polygraphy's figures
+    are the true maximum errors, 1e-6 rejects them and the stated FP16 tolerances accept them."""
+    inputs, tolerances = _case("vad", vad_artifact)
+    half = _altered(vad_artifact, tmp_path, lambda _n, a: a.astype(np.float16).astype(np.float32))
+    reference = _outputs(vad_artifact / "model.onnx", inputs)
+    got = _outputs(half, inputs)
+
+    def run(tols: dict[str, Tolerance]) -> list[verify.OutputCheck]:
+        return verify.compare_runners(
+            verify.onnx_reference(half, "fp16-weights"),
+            verify.onnx_reference(vad_artifact / "model.onnx"),
+            inputs,
+            tols,
         )
+
+    tight = run({name: Tolerance(1e-6, 1e-6) for name in tolerances})
+    by_name = {c.name: c for c in tight}
+    for name, check in by_name.items():
+        diff = np.abs(got[name].astype(np.float64) - reference[name])
+        assert check.max_abs == pytest.approx(diff.max(), rel=1e-5, abs=1e-12), name
+    speech = by_name["speech_prob"]  # no zeros in the reference: relative error is plain
+    rel = np.abs(got["speech_prob"] - reference["speech_prob"]) / np.abs(reference["speech_prob"])
+    assert speech.max_rel == pytest.approx(rel.max(), rel=1e-5)
+    # next_context is a slice of the input chunk: weights do not touch it
+    assert {n: c.passed for n, c in by_name.items()} == {
+        "speech_prob": False,
+        "next_context": True,
+        "next_state": False,
+    }
+    assert 1e-6 < speech.max_abs < 1e-2 and by_name["next_state"].max_abs > 1e-6
+    with pytest.raises(EngineVerificationError) as error:
+        verify.require_passed(tight, "vad")
+    message = str(error.value)
+    assert f"'speech_prob': max abs error {speech.max_abs:.3g}" in message
+    assert "exceed atol=1e-06 rtol=1e-06" in message
+    assert "'next_state'" in message and "next_context" not in message
+
+    stated = run(tolerances)
+    assert all(c.passed for c in stated), stated
+    assert [(c.atol, c.rtol) for c in stated] == [(0.01, 0.0), (0.01, 0.01), (0.01, 0.01)]
+    assert [c.max_abs for c in stated] == [c.max_abs for c in tight]
+
+
+def test_drifted_and_broken_outputs_are_named(vad_artifact: Path, tmp_path: Path) -> None:
+    """A scaled output layer drifts speech_prob beyond its stated 0.01; a NaN bias breaks
+    next_state; a tolerance for an output the runners lack fails as missing."""
+    inputs, tolerances = _case("vad", vad_artifact)
+
+    def drift(name: str, array: np.ndarray) -> np.ndarray:
+        if name == "model.decoder.decoder.2.weight":  # the conv before the sigmoid
+            return array * 1.5
+        return array
+
+    drifted = _altered(vad_artifact, tmp_path, drift)
+    checks = verify.compare_runners(
+        verify.onnx_reference(drifted, "drifted"),
+        verify.onnx_reference(vad_artifact / "model.onnx"),
+        inputs,
+        {**tolerances, "logits": Tolerance(0.1, 0.05)},
+    )
+    by_name = {c.name: c for c in checks}
+    assert not by_name["speech_prob"].passed and by_name["speech_prob"].max_abs > 0.01
+    assert by_name["next_state"].passed and by_name["next_state"].max_abs == 0.0
+    assert by_name["next_context"].passed
+    missing = by_name["logits"]
+    assert not missing.passed and missing.max_abs is None
+    assert missing.problem == "missing from the drifted outputs"
+    record = [c.to_json() for c in checks]
+    assert json.loads(json.dumps(record, allow_nan=False)) == record
+    assert record[0] == {
+        "name": "speech_prob",
+        "max_abs": by_name["speech_prob"].max_abs,
+        "max_rel": by_name["speech_prob"].max_rel,
+        "atol": 0.01,
+        "rtol": 0.0,
+        "passed": False,
+        "problem": "",
+    }
+    with pytest.raises(EngineVerificationError) as error:
+        verify.require_passed(checks, "vad")
+    assert "'speech_prob': max abs error" in str(error.value)
+    assert "'logits': missing from the drifted outputs" in str(error.value)
+
+    nan = tmp_path / "nan"
+    nan.mkdir()
+    broken = _altered(
+        vad_artifact,
+        nan,
+        lambda n, a: np.full_like(a, np.nan) if n == "model.decoder.rnn.bias_ih" else a,
+    )
+    checks = verify.compare_runners(
+        verify.onnx_reference(broken, "nan-bias"),
+        verify.onnx_reference(vad_artifact / "model.onnx"),
+        inputs,
+        tolerances,
+    )
+    by_name = {c.name: c for c in checks}
+    assert not by_name["next_state"].passed and np.isnan(by_name["next_state"].max_abs)
+    assert by_name["next_state"].to_json()["max_abs"] == "nan"
+    assert by_name["next_context"].passed
+
+
+def test_an_output_of_another_shape_fails_without_figures(
+    vad_artifact: Path, tmp_path: Path
+) -> None:
+    """next_context cut to 32 samples: Polygraphy refuses to compare it, the check says why."""
+    model = onnx.load(str(vad_artifact / "model.onnx"))
+    for node in model.graph.node:
+        node.output[:] = ["full_context" if o == "next_context" else o for o in node.output]
+    model.graph.initializer.extend(
+        numpy_helper.from_array(np.array([v], np.int64), n)
+        for n, v in (("cut_start", 0), ("cut_end", 32), ("cut_axis", 1))
+    )
+    model.graph.node.append(
+        onnx.helper.make_node(
+            "Slice", ["full_context", "cut_start", "cut_end", "cut_axis"], ["next_context"]
+        )
+    )
+    (declared,) = [o for o in model.graph.output if o.name == "next_context"]
+    declared.type.tensor_type.shape.dim[1].dim_value = 32
+    onnx.save(model, str(tmp_path / "model.onnx"))
+    inputs, tolerances = _case("vad", vad_artifact)
+    checks = verify.compare_runners(
+        verify.onnx_reference(tmp_path / "model.onnx", "cut"),
+        verify.onnx_reference(vad_artifact / "model.onnx"),
+        inputs,
+        tolerances,
+    )
+    by_name = {c.name: c for c in checks}
+    assert by_name["speech_prob"].passed and by_name["next_state"].passed
+    cut = by_name["next_context"]
+    assert (cut.passed, cut.max_abs) == (False, None)
+    assert cut.problem == "shape (16, 32), reference (16, 64)"
 
 
 def test_every_output_needs_a_tolerance() -> None:
@@ -396,8 +491,27 @@ def test_engine_command_stops_without_tensorrt(monkeypatch, caplog) -> None:
     assert "docker compose run --rm engines" in caplog.text
 
 
+@pytest.mark.skipif(HAS_TENSORRT_PYTHON, reason="TensorRT's Python bindings are installed here")
+def test_verification_needs_the_tensorrt_bindings(monkeypatch, caplog, tmp_path: Path) -> None:
+    """With trtexec present but no `tensorrt` module, `export engines` still stops before any
+    work, naming the bindings; the engine runner says the same."""
+    from export.__main__ import main
+
+    fake = tmp_path / "trtexec"
+    fake.write_text("#!/bin/sh\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("TRTEXEC", str(fake))
+    assert engine.find_trtexec() == str(fake)
+    with pytest.raises(engine.TensorRTMissingError, match="Python bindings"):
+        engine.require_tensorrt()
+    with pytest.raises(engine.TensorRTMissingError, match="Polygraphy's TrtRunner"):
+        verify.engine_runner(tmp_path / "m.plan")
+    assert main(["engines"]) == 2
+    assert "Python bindings (`import tensorrt`" in caplog.text
+
+
 @pytest.mark.tensorrt
-@pytest.mark.skipif(not HAS_TRTEXEC, reason=NO_TENSORRT)
+@pytest.mark.skipif(not (HAS_TRTEXEC and HAS_TENSORRT_PYTHON), reason=NO_TENSORRT)
 @pytest.mark.parametrize("name", ENGINE_MODELS)
 def test_build_and_verify_engine(name: str, artifacts: dict[str, Path]) -> None:
     record = build.build_and_verify(
@@ -407,3 +521,4 @@ def test_build_and_verify_engine(name: str, artifacts: dict[str, Path]) -> None:
     assert {o["name"] for o in record["outputs"]} == {
         o.name for o in Sidecar.load(artifacts[name]).outputs
     }
+    assert all(o["passed"] and not o["problem"] for o in record["outputs"])

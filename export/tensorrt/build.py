@@ -4,15 +4,16 @@
 Per model (a `Stage` below): the shape profile (explicit min/opt/max per named dynamic
 axis of the export's sidecar, from the stage's serving limits), the precisions it may be
 built in, and the per-output tolerances its engine must meet against ONNX Runtime (FP32
-`model.onnx`, CPU) on the same inputs (Polygraphy-style: |trt - ort| <= atol + rtol * |ort|
-elementwise; the engine runs through the TensorRT Python API, or trtexec where that is
-absent). INT8 is used only where an INT8 Q/DQ variant recorded `passes_gate: true`
-in the sidecar's `validation.variants`; today none has (see `choose_precision`).
+`model.onnx`, CPU) on the same inputs. The engine is built by trtexec and verified with
+Polygraphy (`export/tensorrt/verify.py`: TrtRunner vs OnnxrtRunner, `SimpleCompareFunc`'s
+elementwise check with each output's atol/rtol). INT8 is used only where an INT8 Q/DQ
+variant recorded `passes_gate: true` in the sidecar's `validation.variants`; today none has
+(see `choose_precision`).
 
 The engine lands beside its ONNX artifact (`model.plan`) with `engine.json` (precision,
-profile, verification figures); `avatar materialize --target production` serves only
-engines whose record says they passed. Needs TensorRT's trtexec and a GPU: elsewhere it
-stops at once with `TensorRTMissingError`.
+profile, per-output figures and verdicts); `avatar materialize --target production` serves
+only engines whose record says they passed. Needs trtexec, TensorRT's Python bindings and a
+GPU: elsewhere it stops at once with `TensorRTMissingError`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import fnmatch
 import importlib
 import json
 import logging
-import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -36,8 +36,15 @@ from avatar.serving.repository import (
     platform_of,
 )
 from avatar.sidecar import Sidecar
-from export.common import OutputComparison, Tolerance, ValidationError, compare_outputs
-from export.tensorrt.engine import Shape, ShapeProfile, find_trtexec
+from export.common import Tolerance
+from export.tensorrt.engine import Shape, ShapeProfile, require_tensorrt
+from export.tensorrt.verify import (
+    EngineVerificationError,
+    compare_runners,
+    engine_runner,
+    onnx_reference,
+    require_passed,
+)
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +121,7 @@ STAGES: dict[str, Stage] = {
         ("fp32", "fp16"),
         "fp16",
         {"encoder_hidden_states": Tolerance(0.05, 0.05), "cross_kv": Tolerance(0.05, 0.05)},
-        verify_axes={"batch": 1},  # a full 30-s window; 9M cross_kv values in trtexec's JSON
+        verify_axes={"batch": 1},  # a full 30-s window (9M cross_kv values per row)
         why="INT8 (dynamic, not Q/DQ) changed transcripts: fp32/fp16 only (export/asr/engine.py)",
     ),
     "asr_decoder": Stage(
@@ -132,7 +139,7 @@ STAGES: dict[str, Stage] = {
         "fp16",
         {"logits": Tolerance(0.1, 0.05), "present.*": Tolerance(0.05, 0.05)},
         inputs={"input_ids": _ints(49152), "attention_mask": _ones, "position_ids": _positions},
-        # prefill of 4 tokens after 16 cached ones, 2 rows (keeps trtexec's JSON small)
+        # prefill of 4 tokens after 16 cached ones, 2 rows (keeps the CPU reference quick)
         verify_axes={"batch": 2, "sequence": 4, "past_sequence": 16, "total_sequence": 20},
         why=(
             "FP16-safe additive mask (-1e4, export/llm/decoder_onnx.py);"
@@ -157,10 +164,6 @@ STAGES: dict[str, Stage] = {
         why="served by ONNX Runtime on CPU in production (see its config); engine on request",
     ),
 }
-
-
-class EngineVerificationError(ValidationError):
-    """A built engine disagrees with ONNX Runtime beyond its stated tolerances."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,26 +232,6 @@ def sample_inputs(
     return out
 
 
-def compare_engine(
-    reference: Mapping[str, np.ndarray],
-    engine: Mapping[str, np.ndarray],
-    tolerances: Mapping[str, Tolerance],
-    name: str,
-) -> list[OutputComparison]:
-    """Every output within its tolerance, else EngineVerificationError naming them all."""
-    results, failures = [], []
-    for output, tol in tolerances.items():
-        try:
-            results += compare_outputs(reference, engine, {output: tol}, f"{name} engine vs ORT")
-        except ValidationError as error:
-            failures.append(str(error))
-        if output in engine and not np.all(np.isfinite(np.asarray(engine[output], np.float64))):
-            failures.append(f"output {output!r}: the engine produced NaN or Inf")
-    if failures:
-        raise EngineVerificationError("\n  - ".join([f"{name}: engine rejected", *failures]))
-    return results
-
-
 def record_is_current(folder: Path, choice: Choice, profile: dict[str, Any]) -> bool:
     """An engine.json that passed, for this precision, ONNX file and profile."""
     path = folder / ENGINE_RECORD
@@ -267,7 +250,6 @@ def build_and_verify(
     name: str, config_path: Path, artifact: Path, requested: str = "auto", force: bool = False
 ) -> dict[str, Any]:
     """Build `artifact/model.plan` for one model, verify it, write `engine.json`."""
-    from export.common import onnx_session
     from export.tensorrt import engine as trt
 
     stage = STAGES.get(name)
@@ -287,19 +269,13 @@ def build_and_verify(
         log.info("%s: engine up to date (%s)", name, choice.precision)
         return json.loads((artifact / ENGINE_RECORD).read_text())
     log.info("%s: %s (%s)", name, choice.precision, choice.reason)
+    require_tensorrt()  # the verification's bindings too, before a build that needs them
     plan = trt.build_engine(
         artifact, profile, choice.precision, allowed=stage.allowed, onnx_file=choice.onnx_file
     )
     axes = axis_values(profile, stage.verify_axes)
     inputs = sample_inputs(sidecar, axes, stage.inputs)
-    names = [o.name for o in sidecar.outputs]
-    expected = dict(
-        zip(names, onnx_session(artifact / "model.onnx").run(names, inputs), strict=True)
-    )
-    dtypes = {o.name: o.dtype for o in sidecar.outputs}
-    with tempfile.TemporaryDirectory(prefix=f"verify-{name}-") as work:
-        got = trt.run_engine(plan, inputs, Path(work), dtypes)
-    tolerances = stage.tolerances(choice.precision, names)
+    tolerances = stage.tolerances(choice.precision, [o.name for o in sidecar.outputs])
     record: dict[str, Any] = {
         "model": name,
         "precision": choice.precision,
@@ -310,10 +286,15 @@ def build_and_verify(
         "passed": False,
     }
     try:
-        record["outputs"] = [c.to_json() for c in compare_engine(expected, got, tolerances, name)]
-        record["passed"] = True
+        # the reference is always the FP32 export, also for an INT8 variant's engine
+        checks = compare_runners(
+            engine_runner(plan), onnx_reference(artifact / "model.onnx"), inputs, tolerances
+        )
+        record["outputs"] = [c.to_json() for c in checks]
+        record["passed"] = all(c.passed for c in checks)
     finally:
         (artifact / ENGINE_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+    require_passed(checks, name)
     return record
 
 
@@ -350,7 +331,7 @@ def build_all(
     from avatar.serving.deployment import build_repository
     from export.registry import ensure_all
 
-    find_trtexec()  # before any export work: say at once what is missing
+    require_tensorrt()  # before any export work: say at once what is missing
     models = engine_models(source, names)
     artifacts = ensure_all(models) if models else {}
     records, failures = {}, []

@@ -5,21 +5,25 @@ export (the sidecar names them), chosen from its serving limits. `trtexec_comman
 turns sidecar + profile into trtexec's explicit --minShapes/--optShapes/--maxShapes;
 `build_engine` runs it where TensorRT exists (NGC TensorRT / Triton containers; it cannot
 be installed on the project machines: README, deploying on a GPU host).
+
+The build stays with trtexec (rather than Polygraphy's `EngineFromNetwork`): these command
+lines are the recipes that `export/asr/engine.py` and `export/llm/engine.py` share and that
+their tests check flag by flag, and `build_engine` logs the command so that a failed build
+reruns by hand. Running the engine
+for verification goes through Polygraphy (`export/tensorrt/verify.py`), which needs
+TensorRT's Python bindings as well: `require_tensorrt` checks both before any work.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
+import importlib
 import logging
 import os
-import re
 import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-
-import numpy as np
 
 from avatar.sidecar import Sidecar
 
@@ -68,7 +72,7 @@ def shape_arg(shapes: Mapping[str, Shape]) -> str:
 
 
 class TensorRTMissingError(FileNotFoundError):
-    """TensorRT's trtexec is not on this machine."""
+    """TensorRT's trtexec or its Python bindings are not on this machine."""
 
 
 # Where the NGC TensorRT / Triton images keep trtexec when it is not on PATH.
@@ -87,6 +91,28 @@ def find_trtexec() -> str:
         if path and os.access(path, os.X_OK):
             return path
     raise TensorRTMissingError(MISSING_TENSORRT.format(locations=", ".join(TRTEXEC_LOCATIONS)))
+
+
+MISSING_TENSORRT_PYTHON = (
+    "TensorRT's Python bindings (`import tensorrt`: {error}) are missing: engines are verified "
+    "through them (Polygraphy's TrtRunner). They come with the nvcr.io/nvidia/tensorrt image: "
+    "`docker compose run --rm engines`."
+)
+
+
+def require_tensorrt_python() -> None:
+    """TensorRTMissingError unless `import tensorrt` works (the verification runs engines)."""
+    try:
+        importlib.import_module("tensorrt")
+    except (ImportError, OSError) as error:  # OSError: the module without libnvinfer
+        raise TensorRTMissingError(MISSING_TENSORRT_PYTHON.format(error=error)) from None
+
+
+def require_tensorrt() -> str:
+    """trtexec (the build) and the tensorrt module (the verification), else TensorRTMissingError."""
+    trtexec = find_trtexec()
+    require_tensorrt_python()
+    return trtexec
 
 
 def trtexec_command(
@@ -139,142 +165,3 @@ def build_engine(
     log.info("building %s: %s", engine, " ".join(cmd))
     subprocess.run(cmd, check=True)
     return engine
-
-
-# ------------------------------------------------------------------ running an engine
-
-
-def run_command(
-    engine_path: Path,
-    input_files: Mapping[str, Path],
-    shapes: Mapping[str, Shape],
-    output_json: Path,
-    trtexec: str = "trtexec",
-) -> list[str]:
-    """trtexec running `engine_path` once on raw input files, outputs written as JSON."""
-    loads = ",".join(f"'{name}':{path}" for name, path in input_files.items())
-    return [
-        trtexec,
-        f"--loadEngine={engine_path}",
-        f"--shapes={shape_arg(shapes)}",
-        f"--loadInputs={loads}",
-        f"--exportOutput={output_json}",
-        "--warmUp=0",
-        "--duration=0",
-        "--iterations=1",
-        "--avgRuns=1",
-    ]
-
-
-def write_inputs(inputs: Mapping[str, np.ndarray], folder: Path) -> dict[str, Path]:
-    """Each input as the raw little-endian file trtexec's --loadInputs reads."""
-    folder.mkdir(parents=True, exist_ok=True)
-    files = {}
-    for index, (name, array) in enumerate(inputs.items()):
-        path = folder / f"input{index}.bin"
-        np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<")).tofile(path)
-        files[name] = path
-    return files
-
-
-_NON_FINITE = re.compile(r"(?<![\w.])(-?)(nan|inf)(?![\w])", re.IGNORECASE)
-
-
-def parse_exported_outputs(
-    text: str, dtypes: Mapping[str, str] | None = None
-) -> dict[str, np.ndarray]:
-    """trtexec --exportOutput JSON ([{name, dimensions "AxB", values [...]}]) as arrays.
-
-    trtexec prints values with C++ stream defaults (6 significant digits; `nan`/`inf`
-    unquoted), so a comparison against it cannot be tighter than a relative 1e-5.
-    dtypes: output name -> numpy dtype name (default float32).
-    """
-
-    def literal(match: re.Match[str]) -> str:
-        word = "NaN" if match.group(2).lower() == "nan" else "Infinity"
-        return ("-" if match.group(1) and word != "NaN" else "") + word
-
-    records = json.loads(_NON_FINITE.sub(literal, text))
-    out = {}
-    for record in records:
-        name = record["name"]
-        dims = str(record["dimensions"]).strip()
-        shape = tuple(int(d) for d in dims.split("x")) if dims else ()
-        dtype = (dtypes or {}).get(name, "float32")
-        values = np.asarray(record["values"], dtype=np.float64)
-        if values.size != int(np.prod(shape)):
-            raise ValueError(f"output {name!r}: {values.size} values for dimensions {dims!r}")
-        out[name] = values.reshape(shape).astype(dtype)
-    return out
-
-
-# trtexec prints 8-bit integers with `os << v` (characters, not numbers): such outputs
-# (the renderer's uint8 frames) are read through the TensorRT Python API instead.
-TRTEXEC_UNREADABLE = {"uint8", "int8"}
-
-
-def run_engine(
-    engine_path: Path,
-    inputs: Mapping[str, np.ndarray],
-    work: Path,
-    dtypes: Mapping[str, str] | None = None,
-) -> dict[str, np.ndarray]:
-    """Run the engine once on `inputs`; its outputs (needs TensorRT and a GPU).
-
-    The TensorRT Python API with torch CUDA buffers where both import (the engines image),
-    else trtexec (--loadInputs / --exportOutput), which cannot return 8-bit outputs.
-    """
-    try:
-        import tensorrt  # noqa: F401
-        import torch
-
-        if torch.cuda.is_available():
-            return run_engine_python(engine_path, inputs)
-    except ImportError:
-        pass
-    unreadable = sorted(n for n, d in (dtypes or {}).items() if d in TRTEXEC_UNREADABLE)
-    if unreadable:
-        raise TensorRTMissingError(
-            f"outputs {unreadable} are 8-bit, which trtexec prints as characters: verifying "
-            f"{engine_path.name} needs the TensorRT Python API and torch with CUDA"
-        )
-    trtexec = find_trtexec()
-    files = write_inputs(inputs, work)
-    shapes = {name: tuple(a.shape) for name, a in inputs.items()}
-    output_json = work / "outputs.json"
-    cmd = run_command(engine_path, files, shapes, output_json, trtexec)
-    log.info("running %s", engine_path)
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    return parse_exported_outputs(output_json.read_text(), dtypes)
-
-
-def run_engine_python(engine_path: Path, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """One execution through the TensorRT 10 Python API, buffers in torch CUDA tensors."""
-    import tensorrt as trt
-    import torch
-
-    runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
-    engine = runtime.deserialize_cuda_engine(Path(engine_path).read_bytes())
-    if engine is None:
-        raise RuntimeError(f"{engine_path}: TensorRT could not deserialise the engine")
-    context = engine.create_execution_context()
-    buffers: dict[str, torch.Tensor] = {}
-    for name, array in inputs.items():
-        buffers[name] = torch.from_numpy(np.ascontiguousarray(array)).cuda()
-        context.set_input_shape(name, tuple(array.shape))
-        context.set_tensor_address(name, buffers[name].data_ptr())
-    outputs = []
-    for index in range(engine.num_io_tensors):
-        name = engine.get_tensor_name(index)
-        if engine.get_tensor_mode(name) != trt.TensorIOMode.OUTPUT:
-            continue
-        dtype = torch.from_numpy(np.empty(0, trt.nptype(engine.get_tensor_dtype(name)))).dtype
-        shape = tuple(context.get_tensor_shape(name))
-        buffers[name] = torch.empty(shape, dtype=dtype, device="cuda")
-        context.set_tensor_address(name, buffers[name].data_ptr())
-        outputs.append(name)
-    stream = torch.cuda.Stream()
-    if not context.execute_async_v3(stream.cuda_stream):
-        raise RuntimeError(f"{engine_path}: execution failed")
-    stream.synchronize()
-    return {name: buffers[name].cpu().numpy() for name in outputs}

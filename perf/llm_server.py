@@ -8,7 +8,7 @@ avatar/triton/sequence_runner.py). In-process, the same scheduler runs the same 
 code directly (avatar.llm.sequences.KvCacheSequences over ONNX Runtime, 1 thread). Both get
 the same sampled requests (same seeds), so both generate the same tokens.
 
-    python -m perf.llm_server [--rounds 3] [--out build/perf/llm_server.json]
+    python -m perf llm-server [--rounds 3] [--out build/perf/llm_server]
 """
 
 from __future__ import annotations
@@ -163,16 +163,17 @@ def print_table(rows: list[dict]) -> None:
         )
 
 
-def main() -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=Path("build/perf/llm_server"))
+    parser.set_defaults(func=command)
+
+
+def command(args: argparse.Namespace) -> int:
     from avatar.serving.deployment import build_repository
     from avatar.serving.server import EmbeddedServer, ServerOptions
     from export.registry import ensure_all
 
-    parser = argparse.ArgumentParser(prog="python -m perf.llm_server", description=__doc__)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=Path("build/perf/llm_server.json"))
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     folder = ensure_all(["llm_decoder"])["llm_decoder"]
     with tempfile.TemporaryDirectory() as tmp:
         repository = Path(tmp) / "models"
@@ -180,10 +181,7 @@ def main() -> None:
         with EmbeddedServer(ServerOptions(repository, models=MODELS)) as server:
             rows = measure(server.grpc_url, folder, args.rounds)
     print_table(rows)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(rows, indent=2))
-    print(f"wrote {args.out}")
-
-
-if __name__ == "__main__":
-    main()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "llm_server.json").write_text(json.dumps(rows, indent=2))
+    print(f"wrote {args.out}/llm_server.json")
+    return 0

@@ -21,6 +21,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from avatar.errors import RequestError, StageError
 from avatar.llm.decoder import Decoder
 from avatar.llm.sampling import Sampler
 from avatar.llm.sequences import KvCacheSequences, SequenceDecoder, Step
@@ -123,7 +124,7 @@ class Scheduler:
             try:
                 self._decode(self._active, closing)
             except Exception as error:  # a failing decoder fails its rows, not the server
-                log.exception("decode step failed")
+                _log_failure("decode step failed", error)
                 for generation in self._active:
                     self._finish(generation, "error", str(error))
                 for step in closing:
@@ -178,7 +179,7 @@ class Scheduler:
         try:
             action(generation)
         except Exception as error:
-            log.exception("generation failed")
+            _log_failure("generation failed", error)
             self._finish(generation, "error", str(error))
 
     def _prefill(self, g: Generation) -> None:
@@ -253,3 +254,12 @@ class Scheduler:
         if error:
             log.warning("generation ended with error: %s", error)
         g.emit(Event(chunks, reason, stats, error or None))
+
+
+def _log_failure(what: str, error: Exception) -> None:
+    """A callee's refusal (StageError: e.g. the decoder model is still loading) is logged
+    as its message; anything else with its traceback (a bug here)."""
+    if isinstance(error, StageError | RequestError):
+        log.warning("%s: %s", what, error)
+    else:
+        log.exception(what)

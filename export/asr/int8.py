@@ -1,0 +1,319 @@
+"""Static Q/DQ INT8 variants of the Whisper encoder and decoder, judged by word error rate
+on real human speech and timed side by side with FP32.
+
+    python -m export.asr.int8 [--out build/perf/asr_int8.json]
+
+Calibration (recorded in `calibration.json` beside each variant): the packaged voice's
+verification clips (export/asr/clips.py: fixed texts, no noise, so the same samples every
+run), windowed as the `asr` model serves them (window_step 100, window_margin 300). The
+encoder calibrates on those mel windows; the decoder on the step inputs seen while the FP32
+graphs decode them greedily. The gate uses other audio: Debian's pocketsphinx-testdata
+human recordings (export/asr/human.py), never the calibration clips.
+
+Quantisation: ONNX Runtime `quantize_static` in QDQ format (TensorRT's explicit-precision
+format, so `export engines --precision int8` can build from it), MatMul/Gemm/Conv only,
+per-channel symmetric INT8 weights, symmetric INT8 activations, MinMax calibration.
+
+Gate, per variant with the other network in FP32 (and both together, reported): corpus
+WER within 1 point absolute of FP32/FP32 on the human clips. Speed: encoder ms per window
+and decoder ms per token at batch 1 and 8, FP32 and INT8 in one run (1 thread).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import logging
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from avatar.asr.features import log_mel, pad_or_trim
+from avatar.asr.greedy import WhisperRuntime
+from avatar.asr.onnx_runtime import OnnxWhisperRuntime
+from avatar.asr.transcribe import AsrOptions, transcribe, window_frames
+from avatar.asr.vocab import WhisperVocab
+from export.asr.clips import Clip, clips
+from export.asr.human import human_clips
+from export.asr.weights import packaged_ct2_dir
+from export.asr.wer import corpus_wer
+from export.common import cache_root
+
+log = logging.getLogger(__name__)
+
+GATE_WER_POINTS = 0.01  # the issue's bound: within 1 point absolute of FP32
+WINDOW_STEP, WINDOW_MARGIN = 100, 300  # model_repository/asr/config.pbtxt
+SERVED = AsrOptions(window_step=WINDOW_STEP, window_margin=WINDOW_MARGIN)
+
+
+class RecordingRuntime(OnnxWhisperRuntime):
+    """The FP32 runtime, keeping every encoder/decoder input it was given (calibration)."""
+
+    def __init__(self, encoder: Path, decoder: Path):
+        super().__init__(encoder, decoder)
+        self.mels: list[np.ndarray] = []
+        self.steps: list[dict[str, np.ndarray]] = []
+
+    def encode(self, mel):
+        self.mels.append(mel.astype(np.float32))
+        return super().encode(mel)
+
+    def decode(self, tokens, self_kv, cross_kv):
+        self.steps.append({"tokens": tokens, "self_kv": self_kv, "cross_kv": cross_kv})
+        return super().decode(tokens, self_kv, cross_kv)
+
+
+class _Reader:
+    """onnxruntime CalibrationDataReader over recorded feeds."""
+
+    def __init__(self, feeds: list[dict[str, np.ndarray]]):
+        self._items = iter(feeds)
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self._items, None)
+
+
+@dataclasses.dataclass(frozen=True)
+class Scheme:
+    """What gets quantised and how activations are calibrated (all symmetric INT8, QDQ,
+    per-channel weights: what TensorRT's explicit quantisation takes)."""
+
+    name: str
+    linear_only: bool  # only MatMul/Gemm with a constant weight (not attention's q@k, p@v)
+    method: str  # onnxruntime CalibrationMethod name
+    conv: bool = False
+    extra: tuple[tuple[str, float], ...] = ()
+    skip: tuple[str, ...] = ()  # linear nodes whose name contains one of these stay FP32
+
+
+SCHEMES = (
+    Scheme("minmax-all", linear_only=False, method="MinMax", conv=True),
+    Scheme("minmax-linear", linear_only=True, method="MinMax"),
+    Scheme(
+        "percentile-linear",
+        linear_only=True,
+        method="Percentile",
+        extra=(("CalibPercentile", 99.99),),
+    ),
+    # the MLP's down projection reads GELU outputs with long tails
+    Scheme("minmax-linear-no-fc2", linear_only=True, method="MinMax", skip=("/fc2",)),
+    Scheme("minmax-attention", linear_only=True, method="MinMax", skip=("/fc1", "/fc2")),
+)
+
+
+def linear_nodes(path: Path) -> list[str]:
+    """MatMul/Gemm nodes one of whose inputs is an initializer: the model's linear layers."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    weights = {i.name for i in graph.initializer}
+    return [
+        n.name
+        for n in graph.node
+        if n.op_type in ("MatMul", "Gemm") and any(i in weights for i in n.input)
+    ]
+
+
+def _quantize(source: Path, out: Path, feeds: list[dict[str, np.ndarray]], scheme: Scheme):
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    ops = ["MatMul", "Gemm", *(["Conv"] if scheme.conv else [])]
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(max(level, logging.WARNING))  # the quantizer logs at INFO on the root
+    try:
+        quantize_static(
+            str(source),
+            str(out),
+            _Reader(feeds),
+            quant_format=QuantFormat.QDQ,
+            op_types_to_quantize=ops,
+            nodes_to_quantize=(
+                [n for n in linear_nodes(source) if not any(k in n for k in scheme.skip)]
+                if scheme.linear_only
+                else None
+            ),
+            per_channel=True,
+            activation_type=QuantType.QInt8,
+            weight_type=QuantType.QInt8,
+            calibrate_method=CalibrationMethod[scheme.method],
+            extra_options={
+                "ActivationSymmetric": True,
+                "WeightSymmetric": True,
+                **dict(scheme.extra),
+            },
+        )
+    finally:
+        root.setLevel(level)
+
+
+def calibration_feeds(encoder: Path, decoder: Path, vocab: WhisperVocab):
+    """(encoder feeds, decoder feeds, record of the calibration set) from the packaged
+    voice's clips, decoded by the FP32 graphs as the `asr` model serves them."""
+    runtime = RecordingRuntime(encoder, decoder)
+    items = clips()
+    for clip in items:
+        transcribe(runtime, vocab, [clip.audio], SERVED)
+    # every 3rd decoder step: consecutive steps differ by one token; keeps memory bounded
+    steps = runtime.steps[::3]
+    record = {
+        "clips": [
+            {"text": c.text, "sha256": hashlib.sha256(c.audio.tobytes()).hexdigest()[:16]}
+            for c in items
+        ],
+        "options": {"window_step": WINDOW_STEP, "window_margin": WINDOW_MARGIN},
+        "encoder_windows": len(runtime.mels),
+        "decoder_steps": len(steps),
+        "method": "MinMax, symmetric activations, per-channel symmetric weights, QDQ",
+    }
+    return [{"mel": m} for m in runtime.mels], steps, record
+
+
+def build_variants(
+    encoder_dir: Path, decoder_dir: Path, out: Path, vocab: WhisperVocab, scheme: Scheme
+) -> dict[str, Path]:
+    """INT8 Q/DQ encoder and decoder under `out` (reused when present: the inputs are
+    fixed). A network the scheme cannot calibrate is left out (logged)."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {k: out / f"{k}.{scheme.name}.onnx" for k in ("encoder", "decoder")}
+    if all(p.is_file() for p in paths.values()):
+        return paths
+    enc_feeds, dec_feeds, record = calibration_feeds(
+        encoder_dir / "model.onnx", decoder_dir / "model.onnx", vocab
+    )
+    if scheme.method != "MinMax":
+        # histogram calibrators stack each tensor over the samples: one shape for all
+        # (encoder windows of 10 s; decoder steps of one token)
+        enc_feeds = [{"mel": pad_or_trim(f["mel"][0], 1000)[None]} for f in enc_feeds]
+        dec_feeds = [f for f in dec_feeds if f["tokens"].shape == (1, 1)]
+    (out / "calibration.json").write_text(json.dumps(record, indent=2))
+    sources = {"encoder": (encoder_dir, enc_feeds), "decoder": (decoder_dir, dec_feeds)}
+    for kind, (folder, feeds) in sources.items():
+        if paths[kind].is_file():
+            continue
+        log.info("calibrating the %s (%s) on %d inputs", kind, scheme.name, len(feeds))
+        try:
+            _quantize(folder / "model.onnx", paths[kind], feeds, scheme)
+        except ValueError as error:  # e.g. a histogram over tensors of several shapes
+            log.warning("%s: %s cannot calibrate the %s: %s", out, scheme.name, kind, error)
+    return {k: p for k, p in paths.items() if p.is_file()}
+
+
+def word_error_rate(runtime: WhisperRuntime, vocab: WhisperVocab, items: list[Clip]) -> float:
+    hypotheses = [transcribe(runtime, vocab, [c.audio], SERVED)[0].text for c in items]
+    return corpus_wer([c.text for c in items], hypotheses)
+
+
+def _median_ms(fn: Callable[[], object], repeat: int = 7) -> float:
+    fn()
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)
+
+
+def timings(runtime: OnnxWhisperRuntime, clip: Clip) -> dict[str, float]:
+    """Encoder ms per served window of `clip` and decoder ms per token (20 past tokens),
+    at batch 1 and 8."""
+    mel = log_mel(clip.audio)
+    frames = window_frames(mel.shape[1] - 1, WINDOW_STEP, WINDOW_MARGIN)
+    window = pad_or_trim(mel[:, : mel.shape[1] - 1], frames)[None].astype(np.float32)
+    out = {}
+    for batch in (1, 8):
+        mels = np.repeat(window, batch, axis=0)
+        out[f"encoder_ms_b{batch}"] = _median_ms(lambda m=mels: runtime.encode(m), repeat=3)
+        cross = runtime.encode(mels)
+        kv = np.zeros((batch, cross.shape[1], cross.shape[2], 20, cross.shape[4]), np.float32)
+        tokens = np.full((batch, 1), 440, np.int64)
+        out[f"decoder_ms_b{batch}"] = _median_ms(
+            lambda t=tokens, k=kv, c=cross: runtime.decode(t, k, c)
+        )
+    out["window_frames"] = float(frames)
+    return out
+
+
+def measure(encoder_dir: Path, decoder_dir: Path, schemes=SCHEMES, timed: bool = True) -> dict:
+    """One row per (encoder, decoder) file pair: FP32/FP32, then per scheme its INT8
+    encoder with the FP32 decoder, the FP32 encoder with its INT8 decoder, and both."""
+    ct2 = packaged_ct2_dir()
+    vocab = WhisperVocab.load(ct2 / "tokenizer.json", ct2 / "config.json")
+    folder = cache_root() / "asr_int8" / _key(encoder_dir, decoder_dir)
+    fp32 = ("fp32", encoder_dir / "model.onnx"), ("fp32", decoder_dir / "model.onnx")
+    pairs = [fp32]
+    for scheme in schemes:
+        variants = build_variants(encoder_dir, decoder_dir, folder, vocab, scheme)
+        enc, dec = (scheme.name, variants.get("encoder")), (scheme.name, variants.get("decoder"))
+        pairs += [p for p in ((enc, fp32[1]), (fp32[0], dec), (enc, dec)) if p[0][1] and p[1][1]]
+    humans = human_clips()
+    fp32_wer = None
+    rows = []
+    for (enc, enc_path), (dec, dec_path) in pairs:
+        runtime = OnnxWhisperRuntime(enc_path, dec_path)
+        value = word_error_rate(runtime, vocab, humans)
+        fp32_wer = value if fp32_wer is None else fp32_wer
+        row = {"encoder": enc, "decoder": dec, "wer": value, "wer_delta": value - fp32_wer}
+        row["passes_gate"] = row["wer_delta"] <= GATE_WER_POINTS
+        if timed:
+            row.update(timings(runtime, humans[2]))
+        rows.append(row)
+        log.info("%s", row)
+    return {
+        "clips": len(humans),
+        "words": sum(len(c.text.split()) for c in humans),
+        "gate": f"corpus WER within {GATE_WER_POINTS * 100:g} point of FP32",
+        "calibration": json.loads((folder / "calibration.json").read_text()),
+        "folder": str(folder),
+        "rows": rows,
+    }
+
+
+def _key(*folders: Path) -> str:
+    text = "".join(f.name for f in folders) + Path(__file__).read_text()
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def print_table(result: dict) -> None:
+    print(f"ASR INT8 Q/DQ vs FP32: corpus WER on {result['clips']} human clips "
+          f"({result['words']} words); gate: {result['gate']}")  # fmt: skip
+    print(f"{'encoder':>17} {'decoder':>17}   WER   delta  gate   enc ms b1  enc ms b8  "
+          "dec ms b1  dec ms b8")  # fmt: skip
+    for r in result["rows"]:
+        times = (
+            f"  {r['encoder_ms_b1']:9.1f}  {r['encoder_ms_b8']:9.1f}  "
+            f"{r['decoder_ms_b1']:9.2f}  {r['decoder_ms_b8']:9.2f}"
+            if "encoder_ms_b1" in r
+            else ""
+        )
+        print(
+            f"{r['encoder']:>17} {r['decoder']:>17}  {r['wer']:.3f}  {r['wer_delta']:+.3f}  "
+            f"{'pass' if r['passes_gate'] else 'FAIL'}{times}"
+        )
+
+
+def main() -> None:
+    from export.registry import ensure_all
+
+    parser = argparse.ArgumentParser(prog="python -m export.asr.int8", description=__doc__)
+    parser.add_argument("--out", type=Path, default=Path("build/perf/asr_int8.json"))
+    parser.add_argument("--no-timings", action="store_true", help="word error rates only")
+    parser.add_argument("--schemes", default=",".join(s.name for s in SCHEMES))
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    chosen = [s for s in SCHEMES if s.name in args.schemes.split(",")]
+    art = ensure_all(["asr_encoder", "asr_decoder"])
+    result = measure(art["asr_encoder"], art["asr_decoder"], chosen, timed=not args.no_timings)
+    print_table(result)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -75,6 +75,18 @@ def stream_turn(url: str, messages: list[dict], sampling: dict) -> tuple[float, 
         client.close()
 
 
+def decoder_counts(url: str) -> tuple[int, int]:
+    """Triton's statistics of `llm_decoder`: (requests, executions) so far."""
+    import tritonclient.grpc as grpcclient
+
+    with grpcclient.InferenceServerClient(url) as client:
+        stats = client.get_inference_statistics("llm_decoder", as_json=True)["model_stats"]
+    return (
+        sum(int(s.get("inference_count", 0)) for s in stats),
+        sum(int(s.get("execution_count", 0)) for s in stats),
+    )
+
+
 def through_triton(url: str, streams: int) -> tuple[float, list[float]]:
     """(aggregate tokens/s, server-side ttft_ms per stream) of `streams` concurrent turns."""
     stats: list[dict] = []
@@ -127,6 +139,7 @@ def measure(url: str, folder: Path, rounds: int) -> list[dict]:
         rows = []
         for streams in STREAMS:
             local, served, ttft_local, ttft_served = [], [], [], []
+            requests, executions = decoder_counts(url)
             for _ in range(rounds):
                 rate, ttft = in_process(engine, streams)
                 local.append(rate)
@@ -134,9 +147,13 @@ def measure(url: str, folder: Path, rounds: int) -> list[dict]:
                 rate, ttft = through_triton(url, streams)
                 served.append(rate)
                 ttft_served += ttft
+            requests_after, executions_after = decoder_counts(url)
             rows.append(
                 {
                     "streams": streams,
+                    # steps per llm_decoder execution: the sequence batcher's batches
+                    "mean_decoder_batch": (requests_after - requests)
+                    / max(1, executions_after - executions),
                     "in_process_tokens_per_s": statistics.median(local),
                     "triton_tokens_per_s": statistics.median(served),
                     "ratio": statistics.median(served) / statistics.median(local),
@@ -154,12 +171,13 @@ def measure(url: str, folder: Path, rounds: int) -> list[dict]:
 def print_table(rows: list[dict]) -> None:
     print(f"tokens/s, median of {rows[0]['rounds']} rounds ({MAX_TOKENS} tokens max per stream,")
     print("sampled, prefill included); ttft: server-side, p50 over the rounds' streams")
-    print("streams  in-process  through Triton  ratio   ttft in-process  ttft Triton")
+    print("streams  in-process  through Triton  ratio   ttft in-process  ttft Triton  batch")
     for r in rows:
         print(
             f"{r['streams']:>7}  {r['in_process_tokens_per_s']:>10.1f}  "
             f"{r['triton_tokens_per_s']:>14.1f}  {r['ratio']:>5.2f}   "
-            f"{r['in_process_ttft_ms_p50']:>12.0f} ms  {r['triton_ttft_ms_p50']:>8.0f} ms"
+            f"{r['in_process_ttft_ms_p50']:>12.0f} ms  {r['triton_ttft_ms_p50']:>8.0f} ms  "
+            f"{r['mean_decoder_batch']:>5.2f}"
         )
 
 

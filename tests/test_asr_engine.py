@@ -54,8 +54,8 @@ def test_unknown_axis_and_precision_are_errors(tmp_path):
     sidecar = Sidecar("x", [TensorSpec("a", "float32", ("batch", "mystery"))], [])
     with pytest.raises(ValueError, match="mystery"):
         Profile().shapes(sidecar)
-    with pytest.raises(ValueError, match="int8"):
-        trtexec_command(tmp_path / "m.onnx", tmp_path / "m.plan", Sidecar("x", [], []), "int8")
+    with pytest.raises(ValueError, match="int4"):
+        trtexec_command(tmp_path / "m.onnx", tmp_path / "m.plan", Sidecar("x", [], []), "int4")
 
 
 @pytest.mark.tensorrt

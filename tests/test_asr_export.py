@@ -96,7 +96,11 @@ def test_sidecars_and_configs_agree(artifacts):
         assert set(sidecar.validation["vs_torch"]) == {t.name for t in sidecar.outputs}
         config = parse_config(ROOT / "model_repository" / sidecar.model / "config.pbtxt")
         check_against_sidecar(config, sidecar)
-        assert not list(folder.glob("model.*.onnx")), "variants are built on request only"
+        # the INT8 Q/DQ variant is built with each network, its gate recorded; FP16 on request
+        assert [p.name for p in folder.glob("model.*.onnx")] == ["model.int8.onnx"]
+        record = sidecar.validation["variants"]["model.int8.onnx"]
+        assert record["passes_gate"] == (record["wer_delta"] <= 0.01), record
+        assert (folder / "calibration.json").is_file()
 
 
 def test_decoder_onnx_has_one_copy_of_the_vocabulary(artifacts):

@@ -187,8 +187,10 @@ def test_precision_follows_the_variant_gates(artifacts: dict[str, Path]) -> None
     )
     choice = build.choose_precision("llm_decoder", STAGES["llm_decoder"], gated)
     assert (choice.precision, choice.onnx_file) == ("int8", "model.int8.onnx")
-    # a stage that does not allow INT8 stays at its default even with a passed gate
-    assert build.choose_precision("asr_encoder", STAGES["asr_encoder"], gated).precision == "fp16"
+    # the ASR networks take their Q/DQ variant; a stage that does not allow INT8 stays at
+    # its default even with a passed gate
+    assert build.choose_precision("asr_encoder", STAGES["asr_encoder"], gated).precision == "int8"
+    assert build.choose_precision("renderer", STAGES["renderer"], gated).precision == "fp32"
 
     failed = Sidecar("m", [], [], validation={"variants": {"model.int8.onnx": {"passes_gate": 0}}})
     assert "failed their gate" in build.choose_precision("vad", STAGES["vad"], failed).reason

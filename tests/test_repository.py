@@ -163,3 +163,63 @@ def test_companion_files_are_served_beside_the_model(embedded_repository: Path) 
     assert (embedded_repository / "tts_vits" / "1" / "voice.onnx.json").is_file()
     assert not (embedded_repository / "vad" / "1" / "model.json").exists(), "sidecar not served"
     assert not list((embedded_repository / "llm_decoder" / "1").glob("model_int4*")), "variants"
+
+
+def test_implicit_state_is_emulated_on_the_embedded_target(embedded_repository: Path) -> None:
+    """llm_decoder's KV cache is implicit state in production; the embedded python runner
+    keeps it per sequence instead: no state section (the python backend has none), START/
+    END controls, the state pairs as a parameter, the sequence runner as model.py."""
+    import json
+
+    production = parse_config(SOURCE_REPOSITORY / "llm_decoder" / "config.pbtxt")
+    states = {s.input_name: s.output_name for s in production.sequence_batching.state}
+    assert len(states) == 60 and all(
+        s.use_growable_memory for s in production.sequence_batching.state
+    )
+    assert not any(i.name.startswith("past_key_values") for i in production.input)
+    embedded = parse_config(embedded_repository / "llm_decoder" / "config.pbtxt")
+    assert not embedded.sequence_batching.state
+    assert embedded.sequence_batching.max_sequence_idle_microseconds == 60_000_000
+    controls = {c.name: c.control[0].kind for c in embedded.sequence_batching.control_input}
+    kinds = mc.ModelSequenceBatching.Control
+    assert controls == {"START": kinds.CONTROL_SEQUENCE_START, "END": kinds.CONTROL_SEQUENCE_END}
+    assert json.loads(embedded.parameters["sequence_state"].string_value) == states
+    assert all(i.allow_ragged_batch for i in embedded.input)  # steps of any length batch
+    assert not any(i.allow_ragged_batch for i in production.input)  # natively: equal shapes
+    model_py = (embedded_repository / "llm_decoder" / "1" / "model.py").read_text()
+    assert "avatar.triton.sequence_runner" in model_py
+    # stateless native models keep the plain runner
+    assert "onnx_runner" in (embedded_repository / "vad" / "1" / "model.py").read_text()
+
+
+def test_embedded_runner_serves_a_variant_only_when_its_gate_passed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`embedded_onnx_variant` picks the INT8 Q/DQ graph on the CPU; a variant whose gate
+    failed (or that is missing) is not served: model.onnx is, with a warning saying why."""
+    import json
+
+    from export.registry import ensure_all
+
+    artifact = ensure_all(["asr_decoder"])["asr_decoder"]
+    source = _copy_model(tmp_path, "asr_decoder")
+    path = source / "asr_decoder" / "config.pbtxt"
+    config = parse_config(path)
+    config.parameters["embedded_onnx_variant"].string_value = "model.int8.onnx"
+    path.write_text(text_format.MessageToString(config))
+    passed = Sidecar.load(artifact).validation["variants"]["model.int8.onnx"]["passes_gate"]
+    materialize(source, tmp_path / "out", "embedded", {"asr_decoder": artifact})
+    served = parse_config(tmp_path / "out" / "asr_decoder" / "config.pbtxt")
+    expected = "model.int8.onnx" if passed else "model.onnx"
+    assert served.parameters["onnx_file"].string_value == expected
+    assert (tmp_path / "out" / "asr_decoder" / "1" / expected).is_file()
+
+    failed = tmp_path / "failed"
+    shutil.copytree(artifact, failed)
+    sidecar = json.loads((failed / "model.json").read_text())
+    sidecar["validation"]["variants"]["model.int8.onnx"].update(passes_gate=False, why="WER +9")
+    (failed / "model.json").write_text(json.dumps(sidecar))
+    materialize(source, tmp_path / "out2", "embedded", {"asr_decoder": failed})
+    served = parse_config(tmp_path / "out2" / "asr_decoder" / "config.pbtxt")
+    assert served.parameters["onnx_file"].string_value == "model.onnx"
+    assert "failed its gate (WER +9)" in caplog.text

@@ -160,13 +160,38 @@ def has_state(config: mc.ModelConfig) -> bool:
     return bool(config.sequence_batching.state)
 
 
-def embedded_config(config: mc.ModelConfig) -> mc.ModelConfig:
+def embedded_variant(config: mc.ModelConfig, artifact_dir: Path) -> str:
+    """The ONNX file the embedded runner serves: `model.onnx`, or the variant the config's
+    `embedded_onnx_variant` parameter names (e.g. an INT8 Q/DQ graph measured faster on
+    the CPU) when the artifact's sidecar records that it passed its quality gate."""
+    wanted = config.parameters["embedded_onnx_variant"].string_value
+    if not wanted:
+        return "model.onnx"
+    record = Sidecar.load(artifact_dir).validation.get("variants", {}).get(wanted)
+    if not (artifact_dir / wanted).is_file() or not isinstance(record, dict):
+        log.warning(
+            "%s: no variant %s in %s; serving model.onnx", config.name, wanted, artifact_dir
+        )
+        return "model.onnx"
+    if not record.get("passes_gate"):
+        log.warning(
+            "%s: %s failed its gate (%s); serving model.onnx",
+            config.name,
+            wanted,
+            record.get("why", "no reason recorded"),
+        )
+        return "model.onnx"
+    return wanted
+
+
+def embedded_config(config: mc.ModelConfig, onnx_file: str = "model.onnx") -> mc.ModelConfig:
     """The python-runner version of a native model's config; I/O and batching unchanged.
 
     Implicit state (`sequence_batching.state`) is emulated: the python backend cannot hold
     state in Triton, so the states move to the `sequence_state` parameter for
     avatar.triton.sequence_runner, which keeps them per correlation id, and START/END
-    control inputs tell it where a sequence begins and ends."""
+    control inputs tell it where a sequence begins and ends; its inputs allow ragged
+    batches, so steps of sequences at different lengths still run as one batch."""
     runner = mc.ModelConfig()
     runner.CopyFrom(config)
     declared = platform_of(config)
@@ -179,7 +204,7 @@ def embedded_config(config: mc.ModelConfig) -> mc.ModelConfig:
             group.kind = mc.ModelInstanceGroup.KIND_CPU
         group.ClearField("gpus")
     runner.parameters["declared_platform"].string_value = declared
-    runner.parameters["onnx_file"].string_value = "model.onnx"
+    runner.parameters["onnx_file"].string_value = onnx_file
     if has_state(config):
         batching = runner.sequence_batching
         pairs = {st.input_name: st.output_name for st in batching.state}
@@ -190,6 +215,11 @@ def embedded_config(config: mc.ModelConfig) -> mc.ModelConfig:
         for name, kind in controls.items():
             control = batching.control_input.add(name=name).control.add(kind=kind)
             control.int32_false_true.extend([0, 1])
+        # Triton batches requests of equal shapes only, unless an input allows ragged
+        # batches; steps of sequences at different lengths differ in attention_mask. The
+        # runner handles each request's tensors itself (left-padded into one ORT call).
+        for tensor in runner.input:
+            tensor.allow_ragged_batch = True
     return runner
 
 
@@ -306,14 +336,18 @@ def materialize(
             shutil.copy2(src_dir / "config.pbtxt", dest_dir / "config.pbtxt")
             written.append(MaterializedModel(name, declared, declared))
         else:
-            _place(artifact_dir / "model.onnx", version_dir / "model.onnx")
+            onnx_file = embedded_variant(config, artifact_dir)
+            _place(artifact_dir / onnx_file, version_dir / onnx_file)
             runner = SEQUENCE_RUNNER_MODEL_PY if has_state(config) else RUNNER_MODEL_PY
             (version_dir / "model.py").write_text(runner)
             header = (
                 f"# Generated from model_repository/{name}/config.pbtxt for the embedded target:\n"
-                f"# {declared} served by the ONNX Runtime python runner; edit the source.\n"
+                f"# {declared} served by the ONNX Runtime python runner ({onnx_file}); edit "
+                "the source.\n"
             )
-            _write_config(embedded_config(config), dest_dir / "config.pbtxt", header)
+            _write_config(embedded_config(config, onnx_file), dest_dir / "config.pbtxt", header)
             written.append(MaterializedModel(name, "python", declared))
+            log.info("materialized %s (%s, %s) for %s", name, declared, onnx_file, target)
+            continue
         log.info("materialized %s (%s) for %s", name, declared, target)
     return written

@@ -36,8 +36,9 @@ class Profile(ShapeProfile):
     past: Range = (0, 32, MAX_TEXT - 1)
 
 
-# INT8 changed transcripts on ONNX Runtime (python -m export.asr --report): not offered.
-PRECISIONS = ("fp32", "fp16")
+# int8: from the Q/DQ variant model.int8.onnx (explicit quantisation, its WER gate in the
+# sidecar; export/asr/int8.py), never from the FP32 graph with a calibration cache.
+PRECISIONS = ("fp32", "fp16", "int8")
 
 
 def trtexec_command(
@@ -47,7 +48,7 @@ def trtexec_command(
     precision: str = "fp16",
     profile: Profile | None = None,
 ) -> list[str]:
-    """The trtexec call that builds `engine_path` (fp32 or fp16)."""
+    """The trtexec call that builds `engine_path` (fp32, fp16, or int8 from a Q/DQ graph)."""
     return engine.trtexec_command(
         onnx_path, engine_path, sidecar, profile or Profile(), precision, allowed=PRECISIONS
     )

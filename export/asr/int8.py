@@ -1,22 +1,29 @@
-"""Static Q/DQ INT8 variants of the Whisper encoder and decoder, judged by word error rate
-on real human speech and timed side by side with FP32.
+"""INT8 Q/DQ variants of the Whisper encoder and decoder, judged by word error rate on real
+human speech: built with each artifact (`model.int8.onnx` beside `model.onnx`), and
+compared scheme by scheme, timed side by side with FP32:
 
-    python -m export.asr.int8 [--out build/perf/asr_int8.json]
+    python -m export.asr.int8 [--schemes a,b] [--no-timings] [--out build/perf/asr_int8.json]
 
-Calibration (recorded in `calibration.json` beside each variant): the packaged voice's
+(without --schemes: the variants the artifacts ship, against FP32)
+
+Calibration (recorded in `calibration.json` beside the variant): the packaged voice's
 verification clips (export/asr/clips.py: fixed texts, no noise, so the same samples every
 run), windowed as the `asr` model serves them (window_step 100, window_margin 300). The
-encoder calibrates on those mel windows; the decoder on the step inputs seen while the FP32
-graphs decode them greedily. The gate uses other audio: Debian's pocketsphinx-testdata
-human recordings (export/asr/human.py), never the calibration clips.
+encoder calibrates on those mel windows; the decoder on the step inputs seen while the
+FP32 networks decode them greedily. The gate uses other audio: Debian's
+pocketsphinx-testdata human recordings (export/asr/human.py), never the calibration clips.
 
 Quantisation: ONNX Runtime `quantize_static` in QDQ format (TensorRT's explicit-precision
-format, so `export engines --precision int8` can build from it), MatMul/Gemm/Conv only,
-per-channel symmetric INT8 weights, symmetric INT8 activations, MinMax calibration.
+format, so `export engines --precision int8` builds from it), per-channel symmetric INT8
+weights, symmetric INT8 activations, MinMax calibration. `SCHEMES` are what was tried;
+`BUILT` is the one each artifact ships: the linear layers except the MLP's down projection
+(fc2, whose GELU inputs have long tails). Quantising every MatMul (attention's q@k and p@v
+too) or clipping activations at a percentile broke the transcripts (docs/performance.md).
 
-Gate, per variant with the other network in FP32 (and both together, reported): corpus
-WER within 1 point absolute of FP32/FP32 on the human clips. Speed: encoder ms per window
-and decoder ms per token at batch 1 and 8, FP32 and INT8 in one run (1 thread).
+Gate, per network with the other one in FP32 (the build uses the PyTorch export module for
+the other half, so neither artifact needs the other): corpus WER within 1 point absolute of
+FP32 on the human clips. The variant is served on the CPU where a config asks for it
+(`embedded_onnx_variant`) and its gate passed (avatar.serving.repository).
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ from export.asr.clips import Clip, clips
 from export.asr.human import human_clips
 from export.asr.weights import packaged_ct2_dir
 from export.asr.wer import corpus_wer
-from export.common import cache_root
+from export.common import cache_root, onnx_session
 
 log = logging.getLogger(__name__)
 
@@ -51,21 +58,68 @@ WINDOW_STEP, WINDOW_MARGIN = 100, 300  # model_repository/asr/config.pbtxt
 SERVED = AsrOptions(window_step=WINDOW_STEP, window_margin=WINDOW_MARGIN)
 
 
-class RecordingRuntime(OnnxWhisperRuntime):
-    """The FP32 runtime, keeping every encoder/decoder input it was given (calibration)."""
+class TorchWhisperRuntime(WhisperRuntime):
+    """The PyTorch export modules (export/asr/modules.py): the FP32 reference for the half
+    of a transcription that a gate does not judge."""
 
-    def __init__(self, encoder: Path, decoder: Path):
-        super().__init__(encoder, decoder)
+    def __init__(self, model):
+        from export.asr.modules import WhisperDecoderExport, WhisperEncoderExport
+
+        self.encoder = WhisperEncoderExport(model).eval()
+        self.decoder = WhisperDecoderExport(model).eval()
+
+    def encode(self, mel):
+        import torch
+
+        with torch.no_grad():
+            return self.encoder(torch.from_numpy(mel.astype(np.float32)))[1].numpy()
+
+    def decode(self, tokens, self_kv, cross_kv):
+        import torch
+
+        with torch.no_grad():
+            logits, present = self.decoder(
+                *(torch.from_numpy(np.ascontiguousarray(a)) for a in (tokens, self_kv, cross_kv))
+            )
+        return logits.numpy(), present.numpy()
+
+
+class HalfOnnxRuntime(WhisperRuntime):
+    """One network (`kind`: encoder or decoder) from an ONNX file, the other from `other`."""
+
+    def __init__(self, kind: str, path: Path, other: WhisperRuntime):
+        self.kind, self.other = kind, other
+        self.session = onnx_session(path, threads=1)
+
+    def encode(self, mel):
+        if self.kind != "encoder":
+            return self.other.encode(mel)
+        (cross_kv,) = self.session.run(["cross_kv"], {"mel": mel.astype(np.float32)})
+        return cross_kv
+
+    def decode(self, tokens, self_kv, cross_kv):
+        if self.kind != "decoder":
+            return self.other.decode(tokens, self_kv, cross_kv)
+        feeds = {"tokens": tokens.astype(np.int64), "self_kv": self_kv, "cross_kv": cross_kv}
+        logits, present = self.session.run(["logits", "self_kv_out"], feeds)
+        return logits, present
+
+
+class RecordingRuntime(WhisperRuntime):
+    """A runtime that keeps every encoder/decoder input it was given (calibration)."""
+
+    def __init__(self, runtime: WhisperRuntime):
+        self.runtime = runtime
         self.mels: list[np.ndarray] = []
         self.steps: list[dict[str, np.ndarray]] = []
 
     def encode(self, mel):
         self.mels.append(mel.astype(np.float32))
-        return super().encode(mel)
+        return self.runtime.encode(mel)
 
     def decode(self, tokens, self_kv, cross_kv):
         self.steps.append({"tokens": tokens, "self_kv": self_kv, "cross_kv": cross_kv})
-        return super().decode(tokens, self_kv, cross_kv)
+        return self.runtime.decode(tokens, self_kv, cross_kv)
 
 
 class _Reader:
@@ -104,18 +158,29 @@ SCHEMES = (
     Scheme("minmax-linear-no-fc2", linear_only=True, method="MinMax", skip=("/fc2",)),
     Scheme("minmax-attention", linear_only=True, method="MinMax", skip=("/fc1", "/fc2")),
 )
+BUILT = SCHEMES[3]  # minmax-linear-no-fc2: within the gate for both networks
+VARIANT_FILE = "model.int8.onnx"
 
 
 def linear_nodes(path: Path) -> list[str]:
-    """MatMul/Gemm nodes one of whose inputs is an initializer: the model's linear layers."""
+    """MatMul/Gemm nodes one of whose inputs is an initializer: the model's linear layers.
+
+    A weight that another kind of node also reads stays FP32: the decoder's output
+    projection shares its matrix with the token embedding's Gather, and a quantised shared
+    initializer is dequantised whole (26M values) on every step, 5x slower than FP32."""
     import onnx
 
     graph = onnx.load(str(path), load_external_data=False).graph
     weights = {i.name for i in graph.initializer}
+    readers: dict[str, set[str]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, set()).add(node.op_type)
     return [
         n.name
         for n in graph.node
-        if n.op_type in ("MatMul", "Gemm") and any(i in weights for i in n.input)
+        if n.op_type in ("MatMul", "Gemm")
+        and any(i in weights and readers[i] <= {"MatMul", "Gemm"} for i in n.input)
     ]
 
 
@@ -125,7 +190,7 @@ def _quantize(source: Path, out: Path, feeds: list[dict[str, np.ndarray]], schem
     ops = ["MatMul", "Gemm", *(["Conv"] if scheme.conv else [])]
     root = logging.getLogger()
     level = root.level
-    root.setLevel(max(level, logging.WARNING))  # the quantizer logs at INFO on the root
+    root.setLevel(max(level, logging.ERROR))  # the quantizer logs advice on the root logger
     try:
         quantize_static(
             str(source),
@@ -152,26 +217,64 @@ def _quantize(source: Path, out: Path, feeds: list[dict[str, np.ndarray]], schem
         root.setLevel(level)
 
 
-def calibration_feeds(encoder: Path, decoder: Path, vocab: WhisperVocab):
-    """(encoder feeds, decoder feeds, record of the calibration set) from the packaged
-    voice's clips, decoded by the FP32 graphs as the `asr` model serves them."""
-    runtime = RecordingRuntime(encoder, decoder)
+def calibration_feeds(runtime: WhisperRuntime, vocab: WhisperVocab):
+    """(encoder feeds, decoder feeds, record of the calibration set): the packaged voice's
+    clips, decoded by `runtime` as the `asr` model serves them."""
+    recording = RecordingRuntime(runtime)
     items = clips()
     for clip in items:
-        transcribe(runtime, vocab, [clip.audio], SERVED)
+        transcribe(recording, vocab, [clip.audio], SERVED)
     # every 3rd decoder step: consecutive steps differ by one token; keeps memory bounded
-    steps = runtime.steps[::3]
+    steps = recording.steps[::3]
     record = {
         "clips": [
             {"text": c.text, "sha256": hashlib.sha256(c.audio.tobytes()).hexdigest()[:16]}
             for c in items
         ],
         "options": {"window_step": WINDOW_STEP, "window_margin": WINDOW_MARGIN},
-        "encoder_windows": len(runtime.mels),
+        "encoder_windows": len(recording.mels),
         "decoder_steps": len(steps),
-        "method": "MinMax, symmetric activations, per-channel symmetric weights, QDQ",
     }
-    return [{"mel": m} for m in runtime.mels], steps, record
+    return [{"mel": m} for m in recording.mels], steps, record
+
+
+def build_variant(kind: str, out_dir: Path, model) -> dict:
+    """`model.int8.onnx` (scheme BUILT) beside the FP32 `model.onnx` of `kind`, its
+    calibration record, and its gate: the sidecar's record of the variant."""
+    ct2 = packaged_ct2_dir()
+    vocab = WhisperVocab.load(ct2 / "tokenizer.json", ct2 / "config.json")
+    reference = TorchWhisperRuntime(model)
+    fp32 = out_dir / "model.onnx"
+    enc_feeds, dec_feeds, record = calibration_feeds(HalfOnnxRuntime(kind, fp32, reference), vocab)
+    feeds = enc_feeds if kind == "encoder" else dec_feeds
+    record.update(scheme=dataclasses.asdict(BUILT), inputs=len(feeds))
+    (out_dir / "calibration.json").write_text(json.dumps(record, indent=2))
+    _quantize(fp32, out_dir / VARIANT_FILE, feeds, BUILT)
+    humans = human_clips()
+    wer_fp32 = word_error_rate(HalfOnnxRuntime(kind, fp32, reference), vocab, humans)
+    wer_int8 = word_error_rate(
+        HalfOnnxRuntime(kind, out_dir / VARIANT_FILE, reference), vocab, humans
+    )
+    delta = wer_int8 - wer_fp32
+    passes = delta <= GATE_WER_POINTS
+    log.info(
+        "%s INT8: WER %.4f vs %.4f FP32 (%s)",
+        kind,
+        wer_int8,
+        wer_fp32,
+        "pass" if passes else "FAIL",
+    )
+    return {
+        "passes_gate": passes,
+        "gate": f"corpus WER on {len(humans)} human clips within {GATE_WER_POINTS * 100:g} "
+        "point of FP32 (the other network in FP32)",
+        "wer_fp32": round(wer_fp32, 4),
+        "wer_int8": round(wer_int8, 4),
+        "wer_delta": round(delta, 4),
+        "why": "within the gate" if passes else f"WER {delta * 100:+.1f} points",
+        "scheme": BUILT.name,
+        "calibration": "calibration.json",
+    }
 
 
 def build_variants(
@@ -183,9 +286,8 @@ def build_variants(
     paths = {k: out / f"{k}.{scheme.name}.onnx" for k in ("encoder", "decoder")}
     if all(p.is_file() for p in paths.values()):
         return paths
-    enc_feeds, dec_feeds, record = calibration_feeds(
-        encoder_dir / "model.onnx", decoder_dir / "model.onnx", vocab
-    )
+    runtime = OnnxWhisperRuntime(encoder_dir / "model.onnx", decoder_dir / "model.onnx")
+    enc_feeds, dec_feeds, record = calibration_feeds(runtime, vocab)
     if scheme.method != "MinMax":
         # histogram calibrators stack each tensor over the samples: one shape for all
         # (encoder windows of 10 s; decoder steps of one token)
@@ -241,14 +343,19 @@ def timings(runtime: OnnxWhisperRuntime, clip: Clip) -> dict[str, float]:
 
 def measure(encoder_dir: Path, decoder_dir: Path, schemes=SCHEMES, timed: bool = True) -> dict:
     """One row per (encoder, decoder) file pair: FP32/FP32, then per scheme its INT8
-    encoder with the FP32 decoder, the FP32 encoder with its INT8 decoder, and both."""
+    encoder with the FP32 decoder, the FP32 encoder with its INT8 decoder, and both.
+    No schemes: the variants the artifacts ship (model.int8.onnx)."""
     ct2 = packaged_ct2_dir()
     vocab = WhisperVocab.load(ct2 / "tokenizer.json", ct2 / "config.json")
     folder = cache_root() / "asr_int8" / _key(encoder_dir, decoder_dir)
     fp32 = ("fp32", encoder_dir / "model.onnx"), ("fp32", decoder_dir / "model.onnx")
     pairs = [fp32]
-    for scheme in schemes:
-        variants = build_variants(encoder_dir, decoder_dir, folder, vocab, scheme)
+    built = {"encoder": encoder_dir / VARIANT_FILE, "decoder": decoder_dir / VARIANT_FILE}
+    for scheme in schemes or [BUILT]:
+        if schemes:
+            variants = build_variants(encoder_dir, decoder_dir, folder, vocab, scheme)
+        else:
+            variants = {k: v for k, v in built.items() if v.is_file()}
         enc, dec = (scheme.name, variants.get("encoder")), (scheme.name, variants.get("decoder"))
         pairs += [p for p in ((enc, fp32[1]), (fp32[0], dec), (enc, dec)) if p[0][1] and p[1][1]]
     humans = human_clips()
@@ -268,8 +375,7 @@ def measure(encoder_dir: Path, decoder_dir: Path, schemes=SCHEMES, timed: bool =
         "clips": len(humans),
         "words": sum(len(c.text.split()) for c in humans),
         "gate": f"corpus WER within {GATE_WER_POINTS * 100:g} point of FP32",
-        "calibration": json.loads((folder / "calibration.json").read_text()),
-        "folder": str(folder),
+        "folder": str(folder if schemes else encoder_dir.parent),
         "rows": rows,
     }
 
@@ -303,10 +409,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m export.asr.int8", description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("build/perf/asr_int8.json"))
     parser.add_argument("--no-timings", action="store_true", help="word error rates only")
-    parser.add_argument("--schemes", default=",".join(s.name for s in SCHEMES))
+    parser.add_argument(
+        "--schemes",
+        default="",
+        help=f"comma-separated, of {[s.name for s in SCHEMES]}; default: the built variants",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    chosen = [s for s in SCHEMES if s.name in args.schemes.split(",")]
+    chosen = [s for s in SCHEMES if s.name in args.schemes.split(",")]  # none: built
     art = ensure_all(["asr_encoder", "asr_decoder"])
     result = measure(art["asr_encoder"], art["asr_decoder"], chosen, timed=not args.no_timings)
     print_table(result)

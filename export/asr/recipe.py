@@ -5,9 +5,9 @@
                                       short encoder windows, INT8 / FP16 variants
 
 Each build traces on one set of shapes and verifies on others against the torch model (and,
-for the decoder, against transformers' own full-sequence forward). Variants `model.int8.onnx`
-(dynamic per-channel INT8 weights) and `model.fp16.onnx` are written next to `model.onnx`;
-they are measured by the report, never the default.
+for the decoder, against transformers' own full-sequence forward), then writes its INT8 Q/DQ
+variant `model.int8.onnx` with the calibration record and the WER gate in the sidecar
+(export/asr/int8.py). `model.fp16.onnx` is written on request (the report measures it).
 """
 
 from __future__ import annotations
@@ -42,14 +42,19 @@ DECODER_TOLERANCE = {"logits": Tolerance(2e-3, 1e-3), "self_kv_out": Tolerance(1
 
 
 class _WhisperRecipe(ArtifactRecipe):
-    code_files = (HERE / "modules.py", HERE / "weights.py", HERE.parent / "onnx_edit.py")
+    code_files = (
+        HERE / "modules.py",
+        HERE / "weights.py",
+        HERE.parent / "onnx_edit.py",
+        *(HERE / f for f in ("int8.py", "clips.py", "human.py", "wer.py")),  # the INT8 variant
+    )
 
     def __init__(self, source: str | None = None, variants: bool = False):
         self.source = source  # None: the packaged CTranslate2 Whisper base
         self.variants = variants  # INT8/FP16 files beside model.onnx (on request)
 
     def key_inputs(self) -> dict[str, str]:
-        extra = {"variants": "int8,fp16"} if self.variants else {}
+        extra = {"variants": "fp16"} if self.variants else {}
         if self.source is None:
             from export.asr.weights import packaged_parts
 
@@ -64,28 +69,20 @@ class _WhisperRecipe(ArtifactRecipe):
         torch.manual_seed(0)
         return load_whisper(self.source)
 
-    def _variants(self, out_dir: Path) -> None:
-        if not self.variants:
-            return
-        import onnx
-        from onnxruntime.quantization import QuantType, quantize_dynamic
-        from onnxruntime.transformers.float16 import convert_float_to_float16
+    def _variants(self, out_dir: Path, model, kind: str) -> dict:
+        """The INT8 Q/DQ variant (always) and FP16 (on request); the sidecar's records."""
+        from export.asr.int8 import VARIANT_FILE, build_variant
 
-        root = logging.getLogger()
-        level = root.level
-        root.setLevel(max(level, logging.WARNING))  # the quantizer logs at INFO on the root
-        try:
-            quantize_dynamic(
-                out_dir / "model.onnx",
-                out_dir / "model.int8.onnx",
-                weight_type=QuantType.QInt8,
-                per_channel=True,
-                op_types_to_quantize=["MatMul", "Gemm"],
+        variants = {VARIANT_FILE: build_variant(kind, out_dir, model)}
+        if self.variants:
+            import onnx
+            from onnxruntime.transformers.float16 import convert_float_to_float16
+
+            fp16 = convert_float_to_float16(
+                onnx.load(str(out_dir / "model.onnx")), keep_io_types=True
             )
-        finally:
-            root.setLevel(level)
-        fp16 = convert_float_to_float16(onnx.load(str(out_dir / "model.onnx")), keep_io_types=True)
-        onnx.save(fp16, str(out_dir / "model.fp16.onnx"))
+            onnx.save(fp16, str(out_dir / "model.fp16.onnx"))
+        return variants
 
     def _sidecar(self, path: Path, validation: dict, notes: list[str]) -> Sidecar:
         inputs, outputs = describe_onnx(path)
@@ -162,10 +159,10 @@ class EncoderRecipe(_WhisperRecipe):
                 {"encoder_hidden_states": full.numpy()}, got,
                 {"encoder_hidden_states": Tolerance(5e-3, 1e-3)}, "vs transformers",
             )  # fmt: skip
-        self._variants(out_dir)
+        variants = self._variants(out_dir, model, "encoder")
         return self._sidecar(
             path,
-            {"vs_torch": worst(comparisons)},
+            {"vs_torch": worst(comparisons), "variants": variants},
             ["frames may be < 3000: positions use the first frames/2 positional embeddings"],
         )
 
@@ -239,8 +236,8 @@ class DecoderRecipe(_WhisperRecipe):
             {"logits": Tolerance(5e-3, 1e-3)},
             "vs transformers full sequence",
         )
-        self._variants(out_dir)
-        return self._sidecar(path, {"vs_torch": worst(comparisons)}, [])
+        variants = self._variants(out_dir, model, "decoder")
+        return self._sidecar(path, {"vs_torch": worst(comparisons), "variants": variants}, [])
 
 
 def build_all(

@@ -105,6 +105,7 @@ class TritonPythonModel:
         `llm_decoder` is still loading (models load in no set order)."""
         done: queue.Queue[Event] = queue.Queue()
         for _ in range(attempts):
+            time.sleep(1.0)  # BLS works only once `initialize` has returned
             self.engine.warm_up(lambda e: e.finish_reason is not None and done.put(e))
             try:
                 event = done.get(timeout=120)
@@ -115,7 +116,6 @@ class TritonPythonModel:
                     f"llm: persona warmed up in {event.stats['total_ms']:.0f} ms"
                 )
                 return
-            time.sleep(1.0)
         pb_utils.Logger.log_warn("llm: persona warm-up failed; the first turn runs it")
 
     def execute(self, requests: list) -> None:

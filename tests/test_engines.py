@@ -23,6 +23,7 @@ from avatar.serving.repository import (
     ENGINE_RECORD,
     MissingArtifactError,
     embedded_config,
+    has_state,
     is_native,
     materialize,
     parse_config,
@@ -102,7 +103,12 @@ def test_embedded_rewrite_of_production_config(name: str) -> None:
     assert not served.HasField("optimization"), "no TensorRT / CUDA-graph settings on CPU"
     assert {g.kind for g in served.instance_group} == {mc.ModelInstanceGroup.KIND_CPU}
     assert [g.count for g in served.instance_group] == [g.count for g in config.instance_group]
-    assert list(served.input) == list(config.input)
+    # names, types and dims unchanged; a stateful model's inputs may batch ragged (its
+    # runner left-pads the caches itself; test_repository checks the state emulation)
+    assert [(i.name, i.data_type, list(i.dims)) for i in served.input] == [
+        (i.name, i.data_type, list(i.dims)) for i in config.input
+    ]
+    assert all(i.allow_ragged_batch for i in served.input) == has_state(config)
     assert list(served.output) == list(config.output)
     assert served.max_batch_size == config.max_batch_size
     assert served.dynamic_batching == config.dynamic_batching
@@ -187,9 +193,11 @@ def test_precision_follows_the_variant_gates(artifacts: dict[str, Path]) -> None
     )
     choice = build.choose_precision("llm_decoder", STAGES["llm_decoder"], gated)
     assert (choice.precision, choice.onnx_file) == ("int8", "model.int8.onnx")
-    # the ASR networks take their Q/DQ variant; a stage that does not allow INT8 stays at
-    # its default even with a passed gate
-    assert build.choose_precision("asr_encoder", STAGES["asr_encoder"], gated).precision == "int8"
+    # the ASR networks take their Q/DQ variant only when INT8 is asked for; a stage that
+    # does not allow INT8 stays at its default even with a passed gate
+    asr = STAGES["asr_encoder"]
+    assert build.choose_precision("asr_encoder", asr, gated).precision == "fp16"
+    assert build.choose_precision("asr_encoder", asr, gated, "int8").onnx_file == "model.int8.onnx"
     assert build.choose_precision("renderer", STAGES["renderer"], gated).precision == "fp32"
 
     failed = Sidecar("m", [], [], validation={"variants": {"model.int8.onnx": {"passes_gate": 0}}})

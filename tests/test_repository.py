@@ -201,25 +201,25 @@ def test_embedded_runner_serves_a_variant_only_when_its_gate_passed(
 
     from export.registry import ensure_all
 
-    artifact = ensure_all(["asr_decoder"])["asr_decoder"]
-    source = _copy_model(tmp_path, "asr_decoder")
-    path = source / "asr_decoder" / "config.pbtxt"
+    artifact = ensure_all(["asr_encoder"])["asr_encoder"]
+    source = _copy_model(tmp_path, "asr_encoder")
+    path = source / "asr_encoder" / "config.pbtxt"
     config = parse_config(path)
     config.parameters["embedded_onnx_variant"].string_value = "model.int8.onnx"
     path.write_text(text_format.MessageToString(config))
     passed = Sidecar.load(artifact).validation["variants"]["model.int8.onnx"]["passes_gate"]
-    materialize(source, tmp_path / "out", "embedded", {"asr_decoder": artifact})
-    served = parse_config(tmp_path / "out" / "asr_decoder" / "config.pbtxt")
+    materialize(source, tmp_path / "out", "embedded", {"asr_encoder": artifact})
+    served = parse_config(tmp_path / "out" / "asr_encoder" / "config.pbtxt")
     expected = "model.int8.onnx" if passed else "model.onnx"
     assert served.parameters["onnx_file"].string_value == expected
-    assert (tmp_path / "out" / "asr_decoder" / "1" / expected).is_file()
+    assert (tmp_path / "out" / "asr_encoder" / "1" / expected).is_file()
 
     failed = tmp_path / "failed"
     shutil.copytree(artifact, failed)
     sidecar = json.loads((failed / "model.json").read_text())
     sidecar["validation"]["variants"]["model.int8.onnx"].update(passes_gate=False, why="WER +9")
     (failed / "model.json").write_text(json.dumps(sidecar))
-    materialize(source, tmp_path / "out2", "embedded", {"asr_decoder": failed})
-    served = parse_config(tmp_path / "out2" / "asr_decoder" / "config.pbtxt")
+    materialize(source, tmp_path / "out2", "embedded", {"asr_encoder": failed})
+    served = parse_config(tmp_path / "out2" / "asr_encoder" / "config.pbtxt")
     assert served.parameters["onnx_file"].string_value == "model.onnx"
     assert "failed its gate (WER +9)" in caplog.text

@@ -46,7 +46,7 @@ class _WhisperRecipe(ArtifactRecipe):
         HERE / "modules.py",
         HERE / "weights.py",
         HERE.parent / "onnx_edit.py",
-        *(HERE / f for f in ("int8.py", "clips.py", "human.py", "wer.py")),  # the INT8 variant
+        *(HERE / f for f in ("int8.py", "clips.py", "human.py", "wer.py", "report.py")),
     )
 
     def __init__(self, source: str | None = None, variants: bool = False):

@@ -94,6 +94,8 @@ class Stage:
     inputs: Mapping[str, InputRule] = dataclasses.field(default_factory=dict)
     verify_axes: Mapping[str, int] = dataclasses.field(default_factory=dict)  # else opt
     why: str = ""
+    # False: a passed INT8 gate is used only when INT8 is asked for (--precision int8)
+    int8_by_default: bool = True
 
     def make_profile(self) -> ShapeProfile:
         module, name = self.profile.split(":")
@@ -122,7 +124,9 @@ STAGES: dict[str, Stage] = {
         "fp16",
         {"encoder_hidden_states": Tolerance(0.05, 0.05), "cross_kv": Tolerance(0.05, 0.05)},
         verify_axes={"batch": 1},  # a full 30-s window (9M cross_kv values per row)
-        why="INT8 from the Q/DQ variant when its WER gate passed (export/asr/int8.py)",
+        why="INT8 from the Q/DQ variant on request: its WER gate passed, but on the CPU it "
+        "looped on VAD-segmented 30-s pieces through the server (docs/performance.md 10)",
+        int8_by_default=False,
     ),
     "asr_decoder": Stage(
         "export.asr.engine:Profile",
@@ -131,7 +135,8 @@ STAGES: dict[str, Stage] = {
         {"logits": Tolerance(0.1, 0.05), "self_kv_out": Tolerance(0.05, 0.05)},
         inputs={"tokens": _ints(51865)},
         verify_axes={"batch": 2, "tokens": 3},
-        why="INT8 from the Q/DQ variant when its WER gate passed (export/asr/int8.py)",
+        why="INT8 from the Q/DQ variant on request, when its WER gate passed (export/asr/int8.py)",
+        int8_by_default=False,
     ),
     "llm_decoder": Stage(
         "export.llm.engine:DecoderProfile",
@@ -186,7 +191,8 @@ def int8_variants(sidecar: Sidecar) -> dict[str, bool]:
 def choose_precision(name: str, stage: Stage, sidecar: Sidecar, requested: str = "auto") -> Choice:
     """FP16 (or the stage's default) unless an INT8 Q/DQ variant passed its gate."""
     passed = sorted(f for f, ok in int8_variants(sidecar).items() if ok)
-    if requested == "int8" or (requested == "auto" and passed and "int8" in stage.allowed):
+    automatic = requested == "auto" and passed and stage.int8_by_default
+    if requested == "int8" or (automatic and "int8" in stage.allowed):
         if "int8" not in stage.allowed:
             raise ValueError(f"{name}: int8 not allowed ({stage.why})")
         if not passed:

@@ -17,7 +17,6 @@ Written to build/perf/asr/windows.{json,md}.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import time
 from pathlib import Path
@@ -32,7 +31,7 @@ from export.asr.human import human_clips
 from export.asr.weights import packaged_ct2_dir
 from export.asr.wer import corpus_wer
 from export.registry import ensure_all
-from perf.report import DEFAULT_OUT
+from perf.report import DEFAULT_OUT, save_results
 
 log = logging.getLogger(__name__)
 OUT = DEFAULT_OUT / "asr"
@@ -142,9 +141,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def command(args: argparse.Namespace) -> int:
     results = run(args.settings, args.repeat, args.threads)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "windows.json").write_text(json.dumps(results, indent=1))
-    table = markdown(results)
-    (args.out / "windows.md").write_text(table)
-    print(table)
+    save_results(args.out, "windows", results, markdown(results))
     return 0

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from perf.inputs import QUESTIONS
+from perf.probe import concurrently
 
 log = logging.getLogger(__name__)
 
@@ -288,13 +289,7 @@ def _level(
             with lock:
                 figures.append(row)
 
-    started = time.perf_counter()
-    threads = [threading.Thread(target=session, args=(i,)) for i in range(sessions)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return figures, time.perf_counter() - started
+    return figures, concurrently(session, sessions)
 
 
 def summarise(

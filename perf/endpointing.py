@@ -17,13 +17,12 @@ question) and the endpoint delay after the end of the last speech chunk, median 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 from pathlib import Path
 
 import numpy as np
 
-from perf.report import DEFAULT_OUT
+from perf.report import DEFAULT_OUT, save_results
 
 log = logging.getLogger(__name__)
 OUT = DEFAULT_OUT / "endpointing"
@@ -144,9 +143,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def command(args: argparse.Namespace) -> int:
     rows = run(tuple(args.silences))
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "endpointing.json").write_text(json.dumps(rows, indent=1))
-    table = markdown(rows)
-    (args.out / "endpointing.md").write_text(table + "\n")
-    print(table)
+    save_results(args.out, "endpointing", rows, markdown(rows))
     return 0

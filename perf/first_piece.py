@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from perf.report import DEFAULT_OUT
+from perf.report import DEFAULT_OUT, save_results
 
 log = logging.getLogger(__name__)
 OUT = DEFAULT_OUT / "first_piece"
@@ -132,9 +132,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def command(args: argparse.Namespace) -> int:
     results = run(tuple(args.settings), args.rounds)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "first_piece.json").write_text(json.dumps(results, indent=1))
-    table = summary(results)
-    (args.out / "first_piece.md").write_text(table + "\n")
-    print(table)
+    save_results(args.out, "first_piece", results, summary(results))
     return 0

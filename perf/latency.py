@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from gateway.process import running_gateway
+from perf.probe import concurrently
 from perf.report import DEFAULT_OUT, plot_bars, write_rows
 
 log = logging.getLogger(__name__)
@@ -177,11 +178,7 @@ def run_level(
                 rows.append(row)
             time.sleep(pause_s)
 
-    threads = [threading.Thread(target=speaker, args=(i,)) for i in range(sessions)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    concurrently(speaker, sessions)
     return rows
 
 

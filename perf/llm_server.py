@@ -19,13 +19,14 @@ import logging
 import queue
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
 from avatar.llm.bench import QUESTIONS
+from perf.probe import concurrently
+from perf.report import DEFAULT_OUT, save_results
 
 log = logging.getLogger(__name__)
 
@@ -94,13 +95,7 @@ def through_triton(url: str, streams: int) -> tuple[float, list[float]]:
     def one(i: int) -> None:
         stats.append(stream_turn(url, _question(i), _sampling(i))[2])
 
-    started = time.monotonic()
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(streams)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    elapsed = time.monotonic() - started
+    elapsed = concurrently(one, streams)
     if len(stats) != streams:
         raise RuntimeError(f"{streams - len(stats)} of {streams} streams failed")
     return sum(s["completion_tokens"] for s in stats) / elapsed, [s["ttft_ms"] for s in stats]
@@ -168,22 +163,25 @@ def measure(url: str, folder: Path, rounds: int) -> list[dict]:
         engine.scheduler.stop()
 
 
-def print_table(rows: list[dict]) -> None:
-    print(f"tokens/s, median of {rows[0]['rounds']} rounds ({MAX_TOKENS} tokens max per stream,")
-    print("sampled, prefill included); ttft: server-side, p50 over the rounds' streams")
-    print("streams  in-process  through Triton  ratio   ttft in-process  ttft Triton  batch")
-    for r in rows:
-        print(
-            f"{r['streams']:>7}  {r['in_process_tokens_per_s']:>10.1f}  "
-            f"{r['triton_tokens_per_s']:>14.1f}  {r['ratio']:>5.2f}   "
-            f"{r['in_process_ttft_ms_p50']:>12.0f} ms  {r['triton_ttft_ms_p50']:>8.0f} ms  "
-            f"{r['mean_decoder_batch']:>5.2f}"
-        )
+def table(rows: list[dict]) -> str:
+    lines = [
+        f"tokens/s, median of {rows[0]['rounds']} rounds ({MAX_TOKENS} tokens max per stream,",
+        "sampled, prefill included); ttft: server-side, p50 over the rounds' streams",
+        "streams  in-process  through Triton  ratio   ttft in-process  ttft Triton  batch",
+    ]
+    lines += [
+        f"{r['streams']:>7}  {r['in_process_tokens_per_s']:>10.1f}  "
+        f"{r['triton_tokens_per_s']:>14.1f}  {r['ratio']:>5.2f}   "
+        f"{r['in_process_ttft_ms_p50']:>12.0f} ms  {r['triton_ttft_ms_p50']:>8.0f} ms  "
+        f"{r['mean_decoder_batch']:>5.2f}"
+        for r in rows
+    ]
+    return "\n".join(lines)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=Path("build/perf/llm_server"))
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT / "llm_server")
     parser.set_defaults(func=command)
 
 
@@ -198,8 +196,5 @@ def command(args: argparse.Namespace) -> int:
         build_repository(repository, "embedded", MODELS)
         with EmbeddedServer(ServerOptions(repository, models=MODELS)) as server:
             rows = measure(server.grpc_url, folder, args.rounds)
-    print_table(rows)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "llm_server.json").write_text(json.dumps(rows, indent=2))
-    print(f"wrote {args.out}/llm_server.json")
+    save_results(args.out, "llm_server", rows, table(rows))
     return 0

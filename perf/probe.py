@@ -182,6 +182,17 @@ def transcribe(url: str, audio: np.ndarray) -> Outcome:
     return Outcome(started, seconds, error, is_refusal(error), None, "audio")
 
 
+def concurrently(target: Callable[[int], None], count: int, *, daemon: bool = False) -> float:
+    """`target(0)` .. `target(count - 1)` each in its own thread; seconds until all ended."""
+    started = time.monotonic()
+    threads = [threading.Thread(target=target, args=(i,), daemon=daemon) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return time.monotonic() - started
+
+
 def closed_loop(
     clients: int,
     seconds: float,
@@ -210,11 +221,7 @@ def closed_loop(
             if outcome.refused:
                 time.sleep(refused_backoff_s)
 
-    threads = [threading.Thread(target=client, args=(n,), daemon=True) for n in range(clients)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    concurrently(client, clients, daemon=True)
     return outcomes
 
 

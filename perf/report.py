@@ -41,6 +41,14 @@ def write_rows(rows: Sequence[Any], path: Path, meta: dict[str, Any] | None = No
     return csv_path
 
 
+def save_results(out: Path, name: str, results: Any, table: str) -> None:
+    """`name`.json (the results) and `name`.md (the table) under `out`; the table printed."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(results, indent=1))
+    (out / f"{name}.md").write_text(table + "\n")
+    print(table)
+
+
 def _pyplot():
     import matplotlib
 

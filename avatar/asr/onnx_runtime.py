@@ -10,9 +10,10 @@ from avatar.asr.greedy import WhisperRuntime
 
 
 class OnnxWhisperRuntime(WhisperRuntime):
-    """encoder/decoder: paths of the `asr_encoder` and `asr_decoder` ONNX files."""
+    """encoder/decoder: paths of the `asr_encoder` and `asr_decoder` ONNX files (None: that
+    network is not loaded, for a runtime that takes the other half elsewhere)."""
 
-    def __init__(self, encoder: Path, decoder: Path, threads: int = 1):
+    def __init__(self, encoder: Path | None, decoder: Path | None, threads: int = 1):
         import onnxruntime as ort
 
         options = ort.SessionOptions()
@@ -20,8 +21,11 @@ class OnnxWhisperRuntime(WhisperRuntime):
         options.inter_op_num_threads = 1
         options.log_severity_level = 3
         cpu = ["CPUExecutionProvider"]
-        self.encoder = ort.InferenceSession(str(encoder), options, providers=cpu)
-        self.decoder = ort.InferenceSession(str(decoder), options, providers=cpu)
+
+        def session(path: Path | None):
+            return ort.InferenceSession(str(path), options, providers=cpu) if path else None
+
+        self.encoder, self.decoder = session(encoder), session(decoder)
 
     def encode(self, mel: np.ndarray) -> np.ndarray:
         (cross_kv,) = self.encoder.run(["cross_kv"], {"mel": mel.astype(np.float32)})

@@ -22,9 +22,8 @@ from collections import deque
 from collections.abc import Callable
 
 from avatar.errors import RequestError, StageError
-from avatar.llm.decoder import Decoder
 from avatar.llm.sampling import Sampler
-from avatar.llm.sequences import KvCacheSequences, SequenceDecoder, Step
+from avatar.llm.sequences import SequenceDecoder, Step
 from avatar.llm.stream import Chunk, SentenceSplitter, TextStream
 
 log = logging.getLogger(__name__)
@@ -62,18 +61,15 @@ class Generation:
 
 
 class Scheduler:
-    """Runs generations on `decoder`, at most `max_batch` decode rows per step. A plain
-    `Decoder` is wrapped in `KvCacheSequences` (in-process, no prefix cache)."""
+    """Runs generations on `decoder`, at most `max_batch` decode rows per step."""
 
     def __init__(
         self,
-        decoder: SequenceDecoder | Decoder,
+        decoder: SequenceDecoder,
         stop_ids: frozenset[int],
         max_batch: int = 8,
         max_context: int = 2048,
     ):
-        if isinstance(decoder, Decoder):
-            decoder = KvCacheSequences(decoder)
         self.decoder, self.stop_ids = decoder, stop_ids
         self.max_batch, self.max_context = max_batch, max_context
         self._queue: deque[Generation] = deque()
@@ -164,12 +160,7 @@ class Scheduler:
     def _loop(self) -> None:
         while True:
             with self._wake:
-                while (
-                    not self._stopping
-                    and not self._queue
-                    and not self._active
-                    and not self._closing
-                ):
+                while not self._stopping and self.idle_locked():
                     self._wake.wait()
                 if self._stopping:
                     return

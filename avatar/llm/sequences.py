@@ -131,7 +131,7 @@ class KvCacheSequences(SequenceDecoder):
                 logits[step.sequence_id] = self._start(step)
         rest = [s for s in steps if not s.start]
         if rest:
-            logits.update(zip(ids_of(rest), self._continue(rest), strict=True))
+            logits.update(zip([s.sequence_id for s in rest], self._continue(rest), strict=True))
         for step in steps:
             if step.end:
                 self._end(step.sequence_id)
@@ -189,7 +189,3 @@ class KvCacheSequences(SequenceDecoder):
                 del self._held[key]
         if idle:
             log.warning("dropped %d sequences idle for over %g s", len(idle), self.idle_timeout_s)
-
-
-def ids_of(steps: Sequence[Step]) -> list[int]:
-    return [s.sequence_id for s in steps]

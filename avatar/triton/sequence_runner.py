@@ -26,7 +26,7 @@ from avatar.errors import RequestError
 from avatar.llm.cache import PrefixCache
 from avatar.llm.decoder import OrtDecoder
 from avatar.llm.sequences import KvCacheSequences, Step
-from avatar.triton.bls import answer_each, error_response, input_array
+from avatar.triton.bls import error_response, input_array
 from avatar.triton.diagnostics import enable_crash_reports
 from avatar.triton.params import ModelParameters
 
@@ -76,10 +76,10 @@ class TritonPythonModel:
         try:
             logits = iter(self.sequences.run(valid) if valid else [])
         except Exception as error:  # the batch failed: each of its requests says why
+            pb_utils.Logger.log_warn(f"{self.name}: {type(error).__name__}: {error}")
             for step in valid:
                 self.sequences.release(step.sequence_id)
-            failed = error
-            return answer_each(self.name, requests, lambda _: _raise(failed))
+            return [error_response(error) for _ in requests]
         responses = []
         for step in steps:
             if isinstance(step, Exception):
@@ -101,7 +101,3 @@ def _step(request) -> Step:
     start = bool(input_array(request, "START").reshape(-1)[0])
     end = bool(input_array(request, "END").reshape(-1)[0])
     return Step(int(sequence_id), ids.tolist(), int(mask.size - ids.size), start, end)
-
-
-def _raise(error: Exception):
-    raise error

@@ -49,13 +49,18 @@ from export.asr.clips import Clip, clips
 from export.asr.human import MissingRecordingsError, human_clips
 from export.asr.weights import packaged_ct2_dir
 from export.asr.wer import corpus_wer
-from export.common import cache_root, onnx_session
+from export.common import cache_root
 
 log = logging.getLogger(__name__)
 
 GATE_WER_POINTS = 0.01  # the issue's bound: within 1 point absolute of FP32
 WINDOW_STEP, WINDOW_MARGIN = 100, 300  # model_repository/asr/config.pbtxt
 SERVED = AsrOptions(window_step=WINDOW_STEP, window_margin=WINDOW_MARGIN)
+
+
+def _vocab() -> WhisperVocab:
+    ct2 = packaged_ct2_dir()
+    return WhisperVocab.load(ct2 / "tokenizer.json", ct2 / "config.json")
 
 
 class TorchWhisperRuntime(WhisperRuntime):
@@ -84,25 +89,24 @@ class TorchWhisperRuntime(WhisperRuntime):
         return logits.numpy(), present.numpy()
 
 
-class HalfOnnxRuntime(WhisperRuntime):
-    """One network (`kind`: encoder or decoder) from an ONNX file, the other from `other`."""
+class SplitRuntime(WhisperRuntime):
+    """The encoder of one runtime with the decoder of another."""
 
-    def __init__(self, kind: str, path: Path, other: WhisperRuntime):
-        self.kind, self.other = kind, other
-        self.session = onnx_session(path, threads=1)
+    def __init__(self, encoder: WhisperRuntime, decoder: WhisperRuntime):
+        self.encoder, self.decoder = encoder, decoder
 
     def encode(self, mel):
-        if self.kind != "encoder":
-            return self.other.encode(mel)
-        (cross_kv,) = self.session.run(["cross_kv"], {"mel": mel.astype(np.float32)})
-        return cross_kv
+        return self.encoder.encode(mel)
 
     def decode(self, tokens, self_kv, cross_kv):
-        if self.kind != "decoder":
-            return self.other.decode(tokens, self_kv, cross_kv)
-        feeds = {"tokens": tokens.astype(np.int64), "self_kv": self_kv, "cross_kv": cross_kv}
-        logits, present = self.session.run(["logits", "self_kv_out"], feeds)
-        return logits, present
+        return self.decoder.decode(tokens, self_kv, cross_kv)
+
+
+def half_onnx(kind: str, path: Path, other: WhisperRuntime) -> WhisperRuntime:
+    """One network (`kind`: encoder or decoder) from an ONNX file, the other from `other`."""
+    if kind == "encoder":
+        return SplitRuntime(OnnxWhisperRuntime(path, None), other)
+    return SplitRuntime(other, OnnxWhisperRuntime(None, path))
 
 
 class RecordingRuntime(WhisperRuntime):
@@ -241,11 +245,11 @@ def calibration_feeds(runtime: WhisperRuntime, vocab: WhisperVocab):
 def build_variant(kind: str, out_dir: Path, model) -> dict:
     """`model.int8.onnx` (scheme BUILT) beside the FP32 `model.onnx` of `kind`, its
     calibration record, and its gate: the sidecar's record of the variant."""
-    ct2 = packaged_ct2_dir()
-    vocab = WhisperVocab.load(ct2 / "tokenizer.json", ct2 / "config.json")
+    vocab = _vocab()
     reference = TorchWhisperRuntime(model)
     fp32 = out_dir / "model.onnx"
-    enc_feeds, dec_feeds, record = calibration_feeds(HalfOnnxRuntime(kind, fp32, reference), vocab)
+    fp32_runtime = half_onnx(kind, fp32, reference)  # calibration, then the gate's FP32 side
+    enc_feeds, dec_feeds, record = calibration_feeds(fp32_runtime, vocab)
     feeds = enc_feeds if kind == "encoder" else dec_feeds
     record.update(scheme=dataclasses.asdict(BUILT), inputs=len(feeds))
     (out_dir / "calibration.json").write_text(json.dumps(record, indent=2))
@@ -260,10 +264,8 @@ def build_variant(kind: str, out_dir: Path, model) -> dict:
             "scheme": BUILT.name,
             "calibration": "calibration.json",
         }
-    wer_fp32 = word_error_rate(HalfOnnxRuntime(kind, fp32, reference), vocab, humans)
-    wer_int8 = word_error_rate(
-        HalfOnnxRuntime(kind, out_dir / VARIANT_FILE, reference), vocab, humans
-    )
+    wer_fp32 = word_error_rate(fp32_runtime, vocab, humans)
+    wer_int8 = word_error_rate(half_onnx(kind, out_dir / VARIANT_FILE, reference), vocab, humans)
     delta = wer_int8 - wer_fp32
     passes = delta <= GATE_WER_POINTS
     log.info(
@@ -366,8 +368,7 @@ def measure(encoder_dir: Path, decoder_dir: Path, schemes=SCHEMES, timed: bool =
     """One row per (encoder, decoder) file pair: FP32/FP32, then per scheme its INT8
     encoder with the FP32 decoder, the FP32 encoder with its INT8 decoder, and both.
     No schemes: the variants the artifacts ship (model.int8.onnx)."""
-    ct2 = packaged_ct2_dir()
-    vocab = WhisperVocab.load(ct2 / "tokenizer.json", ct2 / "config.json")
+    vocab = _vocab()
     folder = cache_root() / "asr_int8" / _key(encoder_dir, decoder_dir)
     fp32 = ("fp32", encoder_dir / "model.onnx"), ("fp32", decoder_dir / "model.onnx")
     pairs = [fp32]

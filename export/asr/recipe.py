@@ -51,7 +51,7 @@ class _WhisperRecipe(ArtifactRecipe):
 
     def __init__(self, source: str | None = None, variants: bool = False):
         self.source = source  # None: the packaged CTranslate2 Whisper base
-        self.variants = variants  # INT8/FP16 files beside model.onnx (on request)
+        self.variants = variants  # model.fp16.onnx too (on request; INT8 always)
 
     def key_inputs(self) -> dict[str, str]:
         extra = {"variants": "fp16"} if self.variants else {}

@@ -3,12 +3,13 @@
 
 Per model (a `Stage` below): the shape profile (explicit min/opt/max per named dynamic
 axis of the export's sidecar, from the stage's serving limits), the precisions it may be
-built in, and the per-output tolerances its engine must meet against ONNX Runtime (FP32
-`model.onnx`, CPU) on the same inputs. The engine is built by trtexec and verified with
-Polygraphy (`export/tensorrt/verify.py`: TrtRunner vs OnnxrtRunner, `SimpleCompareFunc`'s
-elementwise check with each output's atol/rtol). INT8 is used only where an INT8 Q/DQ
-variant recorded `passes_gate: true` in the sidecar's `validation.variants`; today none has
-(see `choose_precision`).
+built in, and the per-output tolerances its engine must meet against ONNX Runtime (CPU)
+running the graph it was built from, on the same inputs. The engine is built by trtexec and
+verified with Polygraphy (`export/tensorrt/verify.py`: TrtRunner vs OnnxrtRunner,
+`SimpleCompareFunc`'s elementwise check with each output's atol/rtol). INT8 is built only
+from an INT8 Q/DQ variant that recorded `passes_gate: true` in the sidecar's
+`validation.variants`, and by default only for stages with `int8_by_default` (see
+`choose_precision`).
 
 The engine lands beside its ONNX artifact (`model.plan`) with `engine.json` (precision,
 profile, per-output figures and verdicts); `avatar materialize --target production` serves

@@ -18,6 +18,7 @@ RECIPES: dict[str, str] = {
     "tts_vits": "export.tts.recipe:VitsRecipe",
     "llm_decoder": "export.llm.recipe:LlmDecoderRecipe",
     "renderer": "export.renderer.recipe:RendererRecipe",
+    "portrait_renderer": "export.portrait.recipe:PortraitRecipe",
     "lipsync": "export.lipsync.recipe:LipsyncRecipe",
     "emotion_encoder": "export.emotion.recipe:EmotionEncoderRecipe",
 }

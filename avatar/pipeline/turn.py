@@ -52,8 +52,9 @@ class Stages:
     transcribe: Callable[[np.ndarray], str]
     chat: Callable[[str, TurnRequest, Callable[[], bool]], Iterator[str]]
     speak: Callable[[str, TurnRequest], Iterator[Speech]]
-    # frames [T, H, W, 3] of blendshapes [T, 52] + head poses [T, 3]; None when no renderer
-    render: Callable[[np.ndarray, np.ndarray], np.ndarray | None] | None = None
+    # frames [T, H, W, 3] of blendshapes [T, 52] + head poses [T, 3] with the named face
+    # ("" for the default); None when no renderer of that face is served
+    render: Callable[[np.ndarray, np.ndarray, str], np.ndarray | None] | None = None
     # reply sentence -> (emotion label, confidence 0..1), for the "auto" emotion control
     feel: Callable[[str], tuple[str, float]] | None = None
     cut: Callable[[TurnRequest, str], None] | None = None
@@ -300,7 +301,7 @@ def _animated(text: str, index: int, position: float, speech: Speech, turn: _Tur
     if stages.render is not None and controls.render:
         started = time.perf_counter()
         try:
-            video = stages.render(blendshapes, pose)
+            video = stages.render(blendshapes, pose, controls.face)
         except Exception as error:  # frames are optional: audio and blendshapes still go
             turn.errors.append(f"render: {error}")
             log.warning("sentence %d without video: %s", index, error)

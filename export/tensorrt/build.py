@@ -162,6 +162,16 @@ STAGES: dict[str, Stage] = {
         why="FP32 only: FP16 coordinates (~0.1 px at 256 px) move anti-aliased edge pixels by "
         "tens of levels; the renderer is cheap at FP32",
     ),
+    "portrait_renderer": Stage(
+        "export.tensorrt.build:RendererProfile",
+        ("fp32",),
+        "fp32",
+        {},
+        fp32={"frames": Tolerance(atol=3.0)},  # uint8 levels: bilinear taps may round apart
+        inputs={"blendshapes": _uniform(0.0, 1.0), "head_pose": _uniform(-0.1, 0.1)},
+        why="FP32 only: FP16 cannot hold pixel coordinates to a quarter pixel at 512 px, nor "
+        "the flat photo index (y * 512 + x) the bilinear Gathers use",
+    ),
     "vad": Stage(
         "export.tensorrt.build:VadProfile",
         ("fp32", "fp16"),

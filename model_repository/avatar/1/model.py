@@ -45,9 +45,17 @@ class TritonPythonModel:
         self.asr_model = params.str("asr_model", "asr")
         self.llm_model = params.str("llm_model", "llm")
         self.tts_model = params.str("tts_model", "tts")
-        self.renderer_model = params.str("renderer_model", "renderer")
+        self.renderers = {
+            "portrait": params.str("portrait_renderer_model", "portrait_renderer"),
+            "cartoon": params.str("cartoon_renderer_model", "renderer"),
+        }
+        self.face = params.str("face", "portrait")
+        if self.face not in self.renderers:
+            raise ValueError(
+                f"avatar: face {self.face!r}: expected one of {sorted(self.renderers)}"
+            )
         self.render_batch = params.int("render_batch", 16)
-        self._renderer_ready = (False, float("-inf"))
+        self._renderer_ready: dict[str, tuple[bool, float]] = {}
         self.max_tokens = params.int("max_tokens", 96)
         self.temperature = params.float("temperature", 0.7)
         # also the longest silence of a tts stream before the sentence goes without audio
@@ -80,29 +88,31 @@ class TritonPythonModel:
         self.runner = TurnRunner(
             stages,
             config,
-            video=lambda: self.renderer_model if self._renderer_served() else "",
+            video=lambda: self._renderer(""),
             on_change=lambda active, open_sessions: (
                 turns.set(active),
                 sessions.set(open_sessions),
             ),
         )
         pb_utils.Logger.log_info(
-            f"avatar: {self.asr_model} -> {self.llm_model} -> {self.tts_model}; video from "
-            f"{self.renderer_model or 'nowhere'} while it is ready"
+            f"avatar: {self.asr_model} -> {self.llm_model} -> {self.tts_model}; video of the "
+            f"{self.face} face by default, from {self.renderers} while they are ready"
         )
 
     # ------------------------------------------------------------------ stages (BLS)
-    def _renderer_served(self) -> bool:
-        """Asked of Triton, at most every RENDERER_CHECK_S (a renderer may load later)."""
-        ready, asked = self._renderer_ready
-        if self.renderer_model and time.monotonic() - asked > RENDERER_CHECK_S:
+    def _renderer(self, face: str) -> str:
+        """The model that draws `face` ("" = the default), or "" while it is not served.
+        Readiness is asked of Triton at most every RENDERER_CHECK_S (it may load later)."""
+        model = self.renderers[face or self.face]
+        ready, asked = self._renderer_ready.get(model, (False, float("-inf")))
+        if model and time.monotonic() - asked > RENDERER_CHECK_S:
             try:
-                ready = bool(pb_utils.is_model_ready(self.renderer_model))
+                ready = bool(pb_utils.is_model_ready(model))
             except Exception as error:  # e.g. not in the repository: no video
-                pb_utils.Logger.log_verbose(f"avatar: {self.renderer_model}: {error}")
+                pb_utils.Logger.log_verbose(f"avatar: {model}: {error}")
                 ready = False
-            self._renderer_ready = (ready, time.monotonic())
-        return ready
+            self._renderer_ready[model] = (ready, time.monotonic())
+        return model if ready else ""
 
     def _embed(self, sentences) -> np.ndarray:
         out = bls.infer(self.emotion_model, self.tokenize(sentences), ["embedding"])
@@ -176,10 +186,13 @@ class TritonPythonModel:
         for out in replies:
             yield speech_from_tts(out)
 
-    def _render(self, blendshapes: np.ndarray, head_pose: np.ndarray) -> np.ndarray | None:
-        """Frames [T, H, W, 3] in requests of at most render_batch frames (the renderer's
-        max_batch_size); None while no renderer is served."""
-        if not self._renderer_served():
+    def _render(
+        self, blendshapes: np.ndarray, head_pose: np.ndarray, face: str
+    ) -> np.ndarray | None:
+        """Frames [T, H, W, 3] of `face` in requests of at most render_batch frames (the
+        renderer's max_batch_size); None while its renderer is not served."""
+        model = self._renderer(face)
+        if not model:
             return None
         frames = []
         for at in range(0, len(blendshapes), self.render_batch):
@@ -187,7 +200,7 @@ class TritonPythonModel:
                 "blendshapes": blendshapes[at : at + self.render_batch],
                 "head_pose": head_pose[at : at + self.render_batch],
             }
-            frames.append(bls.infer(self.renderer_model, inputs, ["frames"])["frames"])
+            frames.append(bls.infer(model, inputs, ["frames"])["frames"])
         return np.concatenate(frames)
 
     # ------------------------------------------------------------------ requests

@@ -1,0 +1,1 @@
+"""Photo portrait: MediaPipe landmarks -> rig -> `networks.portrait` as ONNX, verified."""

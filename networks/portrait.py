@@ -1,0 +1,270 @@
+"""A photo portrait that talks: ARKit-52 blendshapes + head pose -> RGB frames of the photo.
+
+The rig (`export.portrait.rig`) gives rest vertices over the photo, their offsets per
+blendshape and how much each follows a head turn. Per frame:
+
+    vertices = rest + blendshapes @ offsets, turned about the neck      [B, V, 2]
+    displacement fields on a grid of rest positions every 4 px (barycentric), one per layer:
+      the face seen from above the lips and from below them (`split_at_lips`)  [2B, 2, G, G]
+    backward maps by fixed-point iteration: source = pixel - field(source)
+    photo sampled at the upsampled map (grid_sample, bilinear)          [B, 3, S, S]
+    in the mouth box: the lower layer below the lips' meeting line, and the mouth interior
+      (cavity, teeth, tongue) painted between the inner lips
+
+Every op is a Gather, MatMul, GridSample, Resize or elementwise op with fixed shapes but the
+batch, so the graph exports to ONNX with a dynamic batch axis and builds in TensorRT.
+Coordinates are pixels of the S x S photo, pixel centres at integers (align_corners=True).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import Tensor, nn
+
+GRID_STEP = 4  # px between displacement-field samples: features move smoothly over 4 px
+ITERATIONS = 4  # fixed-point steps of the backward map (residual < 0.5 px where it converges)
+
+
+def barycentric(points: np.ndarray, vertices: np.ndarray, triangles: np.ndarray):
+    """For each point [P, 2], the triangle that holds it: its vertex ids [P, 3] and
+    barycentric weights [P, 3] (nearest triangle, clamped, for points outside all)."""
+    a, b, c = (vertices[triangles[:, k], :2].astype(np.float64) for k in range(3))
+    v0, v1 = b - a, c - a
+    det = v0[:, 0] * v1[:, 1] - v0[:, 1] * v1[:, 0]
+    det = np.where(np.abs(det) < 1e-9, 1e-9, det)
+    ids = np.zeros((len(points), 3), np.int64)
+    weights = np.zeros((len(points), 3), np.float32)
+    for start in range(0, len(points), 2048):
+        p = points[start : start + 2048, None, :].astype(np.float64) - a[None]
+        w1 = (p[..., 0] * v1[:, 1] - p[..., 1] * v1[:, 0]) / det
+        w2 = (v0[:, 0] * p[..., 1] - v0[:, 1] * p[..., 0]) / det
+        w = np.stack([1 - w1 - w2, w1, w2], axis=-1)  # [chunk, F, 3]
+        best = np.argmax(w.min(axis=-1), axis=1)  # inside: min weight >= 0
+        chosen = np.clip(w[np.arange(len(best)), best], 0, None)
+        ids[start : start + len(best)] = triangles[best]
+        weights[start : start + len(best)] = chosen / chosen.sum(axis=1, keepdims=True)
+    return ids, weights
+
+
+def active_region(vertices, triangles, offsets, rigidity, size: int):
+    """The box (x0, y0, x1, y1) of every triangle with a vertex that a blendshape or a
+    head turn can move; outside it the frame is the photo. Multiples of 4."""
+    moving = (rigidity > 0) | (np.abs(offsets).max(axis=(0, 2)) > 0)
+    touched = triangles[moving[triangles].any(axis=1)]
+    xy = vertices[np.unique(touched), :2]
+    low = np.clip(np.floor(xy.min(axis=0) / 4) * 4, 0, size)
+    high = np.clip(np.ceil((xy.max(axis=0) + 1) / 4) * 4, 0, size)
+    return (int(low[0]), int(low[1]), int(high[0]), int(high[1]))
+
+
+def _interp(a: Tensor, xs: Tensor, ys: Tensor) -> Tensor:
+    """Piecewise-linear y(a) through the points (xs, ys) [B, K], clamped at both ends:
+    a [B, P] -> [B, P]. Written as a sum of ramps so it is elementwise in ONNX."""
+    seg = torch.clamp(xs[:, 1:] - xs[:, :-1], min=1e-3)  # [B, K-1]
+    slope = (ys[:, 1:] - ys[:, :-1]) / seg
+    run = torch.minimum(torch.clamp(a[..., None] - xs[:, None, :-1], min=0.0), seg[:, None])
+    return ys[:, :1] + (run * slope[:, None]).sum(-1)
+
+
+class PortraitRenderer(nn.Module):
+    """Blendshapes [B, 52] (0..1) and head pose [B, 3] (yaw, pitch, roll; radians)
+    -> frames [B, S, S, 3] uint8 RGB of the rigged photo."""
+
+    def __init__(
+        self,
+        *,
+        photo: np.ndarray,  # [S, S, 3] uint8
+        vertices: np.ndarray,  # [V, 3]
+        triangles: np.ndarray,  # [F, 3]
+        offsets: np.ndarray,  # [52, V, 3]
+        layer_offsets: np.ndarray,  # [2, 52, V, 3]: continued across the lips from above/below
+        rigidity: np.ndarray,  # [V]
+        pivot: np.ndarray,  # [3]
+        mouth_upper: tuple[int, ...],  # inner-lip vertex ids, corner to corner
+        mouth_lower: tuple[int, ...],
+        mouth_box: tuple[int, int, int, int],  # x0, y0, x1, y1
+        rest_gap: float,  # px between the inner lips at rest
+        teeth: float,  # px of upper teeth in a wide-open mouth
+        colors: dict[str, tuple[int, int, int]],  # cavity, teeth, tongue
+        iterations: int = ITERATIONS,
+    ):
+        super().__init__()
+        size = photo.shape[0]
+        assert photo.shape == (size, size, 3), f"photo must be square RGB, got {photo.shape}"
+        assert offsets.shape == (52, len(vertices), 3), f"offsets {offsets.shape}"
+        self.size, self.iterations = size, iterations
+        self.count = len(vertices)
+        self.rest_gap, self.teeth = float(rest_gap), float(teeth)
+        self.box = tuple(int(v) for v in mouth_box)
+        f32 = lambda a: torch.as_tensor(np.asarray(a, np.float32))  # noqa: E731
+        self.register_buffer("rest", f32(vertices))
+        self.register_buffer("offsets", f32(offsets).reshape(52, -1))
+        self.register_buffer("layer_offsets", f32(layer_offsets).reshape(2, 52, -1))
+        self.register_buffer("rigidity", f32(rigidity)[:, None])
+        self.register_buffer("pivot", f32(pivot))
+        self.register_buffer("upper", torch.as_tensor(mouth_upper, dtype=torch.int64))
+        self.register_buffer("lower", torch.as_tensor(mouth_lower, dtype=torch.int64))
+        for name in ("cavity", "teeth", "tongue"):
+            self.register_buffer(f"{name}_rgb", f32(colors[name]).reshape(3, 1, 1))
+
+        # Only the region the mesh can move is warped; the rest of the frame is the photo.
+        self.region = active_region(vertices, triangles, offsets, rigidity, size)
+        rx0, ry0, rx1, ry1 = self.region
+        self.grid_shape = (max(2, (ry1 - ry0 - 1) // GRID_STEP + 1),
+                           max(2, (rx1 - rx0 - 1) // GRID_STEP + 1))  # fmt: skip
+        rows = np.linspace(ry0, ry1 - 1.0, self.grid_shape[0])
+        gy, gx = np.meshgrid(rows, np.linspace(rx0, rx1 - 1.0, self.grid_shape[1]), indexing="ij")
+        points = np.stack([gx.ravel(), gy.ravel()], axis=1)
+        ids, weights = barycentric(points, vertices, triangles)
+        # the barycentric interpolation as one dense MatMul [G, V]: ONNX Runtime ran the
+        # gather-multiply-sum version 4x slower (a ReduceSum over 3 corners of 2 values)
+        interpolate = np.zeros((len(points), len(vertices)), np.float32)
+        np.add.at(interpolate, (np.arange(len(points))[:, None], ids), weights)
+        self.register_buffer("grid_interpolation", f32(interpolate))
+        self.register_buffer("grid_points", f32(points.reshape(1, *self.grid_shape, 2)))
+        self.register_buffer("grid_origin", f32([rx0, ry0]))
+        self.register_buffer("grid_scale", f32([2.0 / (rx1 - 1 - rx0), 2.0 / (ry1 - 1 - ry0)]))
+        ys, xs = np.mgrid[ry0:ry1, rx0:rx1].astype(np.float32)
+        self.register_buffer("pixels", f32(np.stack([xs, ys], axis=-1))[None])  # [1, h, w, 2]
+        # each texel row holds a pixel and its right neighbour: 2 Gathers per bilinear sample
+        pairs = np.concatenate([photo, np.concatenate([photo[:, 1:], photo[:, -1:]], 1)], -1)
+        self.register_buffer("texels", f32(pairs).reshape(size * size, 6))
+        self.register_buffer("photo_u8", torch.as_tensor(np.array(photo, np.uint8))[None])
+        x0, y0, x1, y1 = self.box
+        assert rx0 <= x0 and ry0 <= y0 and x1 <= rx1 and y1 <= ry1, "mouth box outside region"
+        bys, bxs = np.mgrid[y0:y1, x0:x1].astype(np.float32)
+        self.register_buffer("box_pixels", f32(np.stack([bxs.ravel(), bys.ravel()], 1))[None])
+
+    def posed_vertices(
+        self, blendshapes: Tensor, head_pose: Tensor, offsets: Tensor | None = None
+    ) -> Tensor:
+        """Rest + weighted offsets [52, V*3] (default: the rig's), turned about the pivot
+        by each vertex's rigidity -> [B, V, 2] pixel positions."""
+        batch = blendshapes.shape[0]
+        offsets = self.offsets if offsets is None else offsets
+        moved = self.rest + (blendshapes @ offsets).reshape(batch, self.count, 3)
+        rel = moved - self.pivot
+        x, y, z = rel[..., 0], rel[..., 1], rel[..., 2]
+        cos, sin = torch.cos(head_pose)[:, :, None], torch.sin(head_pose)[:, :, None]
+        # yaw about the vertical axis, pitch about the horizontal, roll in the image plane
+        x1 = x * cos[:, 0] - z * sin[:, 0]
+        z1 = x * sin[:, 0] + z * cos[:, 0]
+        y2 = y * cos[:, 1] + z1 * sin[:, 1]
+        x3 = x1 * cos[:, 2] - y2 * sin[:, 2]
+        y3 = x1 * sin[:, 2] + y2 * cos[:, 2]
+        turned = torch.stack([x3, y3], dim=-1) + self.pivot[:2]
+        return moved[..., :2] + self.rigidity * (turned - moved[..., :2])
+
+    def forward(self, blendshapes: Tensor, head_pose: Tensor) -> Tensor:
+        batch, (gh, gw) = blendshapes.shape[0], self.grid_shape
+        posed = self.posed_vertices(blendshapes, head_pose)
+        layers = torch.cat([
+            self.posed_vertices(blendshapes, head_pose, self.layer_offsets[0]),
+            self.posed_vertices(blendshapes, head_pose, self.layer_offsets[1]),
+        ]) - self.rest[:, :2]  # fmt: skip  # [2B, V, 2]: above the lips, then below
+        columns = layers.permute(1, 0, 2).reshape(self.count, 4 * batch)  # [V, 2B * 2]
+        field = (self.grid_interpolation @ columns).reshape(gh, gw, 2 * batch, 2)
+        field = field.permute(2, 3, 0, 1)  # [2B, 2, gh, gw]
+        # backward maps: the rest position each output pixel comes from, per layer
+        source = self.grid_points.expand(2 * batch, gh, gw, 2)
+        for _ in range(self.iterations):
+            back = F.grid_sample(field, self._grid_unit(source), align_corners=True,
+                                 padding_mode="border")  # fmt: skip
+            source = self.grid_points - back.permute(0, 2, 3, 1)
+        above, below = back[:batch], back[batch:]
+        height, width = self.pixels.shape[1:3]
+        full = F.interpolate(above, size=(height, width), mode="bilinear", align_corners=True)
+        image = self._sample_photo(self.pixels - full.permute(0, 2, 3, 1))  # [3, B, h, w]
+        # the lower layer only where it can differ: the mouth box
+        points = self.box_pixels[:, None].expand(batch, -1, -1, -1)  # [B, 1, P, 2]
+        moved = F.grid_sample(below, self._grid_unit(points), align_corners=True,
+                              padding_mode="border")  # fmt: skip
+        lower = self._sample_photo(points - moved.permute(0, 2, 3, 1))[:, :, 0]  # [3, B, P]
+        image = self._paint_mouth(image, lower, posed)
+        image = image.clamp(0.0, 255.0).round().to(torch.uint8).permute(1, 2, 3, 0)
+        return self._paste(image, batch)
+
+    def _grid_unit(self, xy: Tensor) -> Tensor:
+        """Pixel coordinates -> grid_sample's [-1, 1] over the displacement grid."""
+        return (xy - self.grid_origin) * self.grid_scale - 1.0
+
+    def _sample_photo(self, xy: Tensor) -> Tensor:
+        """Bilinear photo colours at pixel positions [B, h, w, 2] -> planar [3, B, h, w].
+        Two Gathers of pixel pairs instead of a GridSample (ONNX Runtime's CPU GridSample
+        took 60 % of a frame), then planar, so each blend broadcasts over whole rows.
+        Clamped to the photo (the border repeats, as padding_mode="border")."""
+        s = self.size
+        x = xy[..., 0].clamp(0.0, s - 1.0)
+        y = xy[..., 1].clamp(0.0, s - 1.0)
+        x0 = torch.floor(x).clamp(max=s - 2.0)
+        y0 = torch.floor(y).clamp(max=s - 2.0)
+        fx, fy = x - x0, y - y0
+        index = (y0 * s + x0).to(torch.int64)
+        flat = index.reshape(-1)
+        shape = (6, *index.shape)
+        top = self.texels[flat].T.reshape(shape)  # planar: 6 rows of [B, h, w]
+        bottom = self.texels[flat + s].T.reshape(shape)
+        upper = top[:3] + (top[3:] - top[:3]) * fx
+        lower = bottom[:3] + (bottom[3:] - bottom[:3]) * fx
+        return upper + (lower - upper) * fy
+
+    def _paste(self, region: Tensor, batch: int) -> Tensor:
+        """The warped region [B, h, w, 3] uint8 back into the photo -> [B, S, S, 3]."""
+        rx0, ry0, rx1, ry1 = self.region
+        photo = self.photo_u8.expand(batch, -1, -1, -1)
+        row = torch.cat([photo[:, ry0:ry1, :rx0], region, photo[:, ry0:ry1, rx1:]], dim=2)
+        return torch.cat([photo[:, :ry0], row, photo[:, ry1:]], dim=1)
+
+    def _paint_mouth(self, image: Tensor, lower: Tensor, posed: Tensor) -> Tensor:
+        """In the mouth box of the region [3, B, h, w]: the lower layer `lower` [3, B, P]
+        below the line where the lips meet, then cavity, tongue and teeth between the inner lips.
+
+        In the mouth's frame (a along the corner-to-corner axis, b across it, down), the
+        upper and lower inner lips are curves b_u(a), b_l(a); the interior is b_u < b < b_l
+        where the lips are further apart than at rest. The page's shader draws the same."""
+        x0, y0, x1, y1 = self.box
+        up, lo = posed[:, self.upper], posed[:, self.lower]  # [B, K, 2]
+        start, end = (up[:, 0] + lo[:, 0]) / 2, (up[:, -1] + lo[:, -1]) / 2
+        width = torch.linalg.vector_norm(end - start, dim=-1, keepdim=True).clamp(min=1.0)
+        along = (end - start) / width  # [B, 2]
+        across = torch.stack([-along[:, 1], along[:, 0]], dim=-1)
+
+        def frame(p: Tensor) -> tuple[Tensor, Tensor]:
+            rel = p - start[:, None]
+            return (rel * along[:, None]).sum(-1), (rel * across[:, None]).sum(-1)
+
+        a, b = frame(self.box_pixels)  # [B, P]
+        au, bu_pts = frame(up)
+        al, bl_pts = frame(lo)
+        b_up, b_low = _interp(a, au, bu_pts), _interp(a, al, bl_pts)
+        gap = b_low - b_up
+        opened = torch.clamp((gap - self.rest_gap - 0.5) / 1.5, 0.0, 1.0)
+        inside = (
+            torch.clamp(b - b_up + 0.5, 0.0, 1.0) * torch.clamp(b_low - b + 0.5, 0.0, 1.0) * opened
+        )
+        depth = torch.clamp((b - b_up) / gap.clamp(min=1.0), 0.0, 1.0)
+        centre = a - width / 2
+        lateral = torch.clamp((0.36 * width - centre.abs()) / 2.0 + 0.5, 0.0, 1.0)
+        upper_teeth = torch.clamp(torch.clamp(0.45 * gap, max=self.teeth) - (b - b_up) + 0.5,
+                                  0.0, 1.0)  # fmt: skip
+        lower_teeth = torch.clamp(torch.clamp(0.25 * gap, max=0.6 * self.teeth) - (b_low - b)
+                                  + 0.5, 0.0, 1.0)  # fmt: skip
+        teeth = torch.maximum(upper_teeth, lower_teeth) * lateral
+        tongue_y = (b - (b_low - 0.2 * gap)) / (0.35 * gap).clamp(min=1.0)
+        tongue = torch.clamp(4.0 * (1.0 - (centre / (0.32 * width)) ** 2 - tongue_y**2), 0.0, 1.0)
+        shade = 0.55 + 0.9 * (depth - 0.5).abs()
+        color = self.cavity_rgb * shade  # [3, B, P]
+        color = color + (self.tongue_rgb - color) * tongue
+        teeth_shade = (1.0 - 0.35 * (centre / (0.4 * width)) ** 2).clamp(min=0.5)
+        color = color + (self.teeth_rgb * teeth_shade - color) * teeth
+        rx0, ry0 = self.region[:2]
+        batch, h, w = image.shape[1], y1 - y0, x1 - x0
+        x0, x1, y0, y1 = x0 - rx0, x1 - rx0, y0 - ry0, y1 - ry0  # in the region
+        box = image[:, :, y0:y1, x0:x1].reshape(3, batch, h * w)
+        below = torch.clamp(b - (b_up + b_low) / 2 + 0.5, 0.0, 1.0)
+        box = box + (lower - box) * below
+        box = (box + (color - box) * inside).reshape(3, batch, h, w)
+        row = torch.cat([image[:, :, y0:y1, :x0], box, image[:, :, y0:y1, x1:]], dim=3)
+        return torch.cat([image[:, :, :y0], row, image[:, :, y1:]], dim=2)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from pathlib import Path
 
 from gateway.app import run
 
@@ -26,6 +27,12 @@ def main(argv: list[str] | None = None) -> None:
         "--no-speculate", action="store_true", help="the avatar model transcribes each turn"
     )
     parser.add_argument("--model", default="avatar", help="the turn model (decoupled)")
+    parser.add_argument(
+        "--portrait",
+        type=Path,
+        help="a portrait rig folder (rig.json + photo.png): the page draws that photo with "
+        "WebGL; without it, a cartoon face",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -37,6 +44,7 @@ def main(argv: list[str] | None = None) -> None:
         end_silence_s=args.end_silence_s,
         speculate_after_s=None if args.no_speculate else args.speculate_after_s,
         model=args.model,
+        portrait=args.portrait,
     )
 
 

@@ -1,4 +1,6 @@
-"""aiohttp application: GET / (the page), GET /static/*, GET /ws (the protocol), /healthz.
+"""aiohttp application: GET / (the page), GET /static/*, GET /ws (the protocol), /healthz,
+and the portrait rig the page draws with WebGL (GET /portrait/info, /portrait/rig.json,
+/portrait/photo.png; `--portrait DIR`).
 
 aiohttp because the project already depends on it (tritonclient's asyncio HTTP client), it
 serves HTTP, WebSockets and static files in one small library, and its asyncio loop is the
@@ -20,6 +22,8 @@ STATIC = Path(__file__).parent / "static"
 MAX_MESSAGE_BYTES = 1 << 20
 TRITON = web.AppKey("triton", object)
 OPTIONS = web.AppKey("options", SessionOptions)
+PORTRAIT = web.AppKey("portrait", object)  # Path | None: the rig folder
+PORTRAIT_FILES = {"rig.json": "application/json", "photo.png": "image/png"}
 
 
 async def page(_request: web.Request) -> web.FileResponse:
@@ -38,6 +42,31 @@ async def healthz(request: web.Request) -> web.Response:
     if missing:
         return web.json_response({"ready": False, "not_ready": missing}, status=503)
     return web.json_response({"ready": True})
+
+
+async def portrait_info(request: web.Request) -> web.Response:
+    """Whether the page can draw the photo portrait, and where its two files are."""
+    folder = request.app[PORTRAIT]
+    available = folder is not None and all((folder / f).is_file() for f in PORTRAIT_FILES)
+    body: dict = {"available": available}
+    if available:
+        body.update({name.split(".")[0]: f"/portrait/{name}" for name in PORTRAIT_FILES})
+    return web.json_response(body)
+
+
+async def portrait_file(request: web.Request) -> web.StreamResponse:
+    """rig.json or photo.png of the `--portrait` folder; 404 says why when there is none."""
+    name, folder = request.match_info["name"], request.app[PORTRAIT]
+    if folder is None:
+        raise web.HTTPNotFound(text="no portrait: the gateway was started without --portrait")
+    path = folder / name
+    if not path.is_file():
+        raise web.HTTPNotFound(text=f"no portrait {name}: {path} is missing")
+    if name == "rig.json":  # ~400 kB of numbers: gzip when the browser accepts it (~4x less)
+        response = web.Response(body=path.read_bytes(), content_type=PORTRAIT_FILES[name])
+        response.enable_compression()
+        return response
+    return web.FileResponse(path, headers={"Content-Type": PORTRAIT_FILES[name]})
 
 
 async def websocket(request: web.Request) -> web.WebSocketResponse:
@@ -66,11 +95,16 @@ async def websocket(request: web.Request) -> web.WebSocketResponse:
     return ws
 
 
-def create_app(triton_url: str, options: SessionOptions | None = None) -> web.Application:
+def create_app(
+    triton_url: str, options: SessionOptions | None = None, portrait: Path | None = None
+) -> web.Application:
+    """`portrait`: a rig folder (rig.json + photo.png, export/portrait) for the page's
+    WebGL portrait; None: the page draws its cartoon face."""
     import tritonclient.grpc.aio as grpcclient
 
     app = web.Application(client_max_size=MAX_MESSAGE_BYTES)
     app[OPTIONS] = options or SessionOptions()
+    app[PORTRAIT] = Path(portrait) if portrait is not None else None
 
     async def lifespan(app: web.Application):
         app[TRITON] = grpcclient.InferenceServerClient(triton_url)
@@ -81,10 +115,25 @@ def create_app(triton_url: str, options: SessionOptions | None = None) -> web.Ap
     app.router.add_get("/", page)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/ws", websocket)
+    app.router.add_get("/portrait/info", portrait_info)
+    app.router.add_get(r"/portrait/{name:rig\.json|photo\.png}", portrait_file)
     app.router.add_static("/static/", STATIC)
     return app
 
 
-def run(triton_url: str, host: str = "0.0.0.0", port: int = 8080, **options) -> None:
+def run(
+    triton_url: str,
+    host: str = "0.0.0.0",
+    port: int = 8080,
+    portrait: Path | None = None,
+    **options,
+) -> None:
     log.info("gateway on http://%s:%d -> Triton %s", host, port, triton_url)
-    web.run_app(create_app(triton_url, SessionOptions(**options)), host=host, port=port)
+    if portrait is not None:
+        missing = [f for f in PORTRAIT_FILES if not (Path(portrait) / f).is_file()]
+        if missing:  # served anyway: /portrait/info says unavailable, the page draws a cartoon
+            log.warning("portrait %s lacks %s: the page will draw its cartoon", portrait, missing)
+        else:
+            log.info("portrait rig: %s", portrait)
+    app = create_app(triton_url, SessionOptions(**options), portrait)
+    web.run_app(app, host=host, port=port)

@@ -19,11 +19,16 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def running_gateway(
-    triton_url: str, options: Sequence[str] = (), port: int | None = None, quiet: bool = False
+    triton_url: str,
+    options: Sequence[str] = (),
+    port: int | None = None,
+    quiet: bool = False,
+    ready_path: str = "/healthz",
 ) -> Iterator[tuple[str, subprocess.Popen]]:
     """`python -m gateway` against `triton_url` with extra command-line `options`; yields
-    (its http://127.0.0.1:PORT base URL, the process) once `/healthz` says ready, and
-    stops it on exit."""
+    (its http://127.0.0.1:PORT base URL, the process) once `ready_path` answers 200
+    (`/healthz`: Triton's models are ready; `/` for the page alone, no Triton), and stops it
+    on exit."""
     port = port or free_port()
     command = [sys.executable, "-m", "gateway", "--triton-url", triton_url, "--port", str(port)]
     output = subprocess.DEVNULL if quiet else None
@@ -33,7 +38,7 @@ def running_gateway(
         deadline = time.monotonic() + 60
         while True:
             try:
-                with urllib.request.urlopen(base + "/healthz", timeout=2):
+                with urllib.request.urlopen(base + ready_path, timeout=2):
                     break
             except OSError:  # not listening yet, or 503 while Triton's models load
                 if process.poll() is not None or time.monotonic() > deadline:

@@ -69,8 +69,8 @@ def _interp(a: Tensor, xs: Tensor, ys: Tensor) -> Tensor:
 
 
 class PortraitRenderer(nn.Module):
-    """Blendshapes [B, 52] (0..1) and head pose [B, 3] (yaw, pitch, roll; radians)
-    -> frames [B, S, S, 3] uint8 RGB of the rigged photo."""
+    """Blendshapes [B, 52] (0..1) and head pose [B, 3] (yaw, pitch, roll; radians, used
+    within +-0.5) -> frames [B, S, S, 3] uint8 RGB of the rigged photo."""
 
     def __init__(
         self,
@@ -159,6 +159,10 @@ class PortraitRenderer(nn.Module):
 
     def forward(self, blendshapes: Tensor, head_pose: Tensor) -> Tensor:
         batch, (gh, gw) = blendshapes.shape[0], self.grid_shape
+        # NaN -> 0 and weights/angles into their ranges: a NaN coordinate would become an
+        # undefined Gather index, and an engine does not check values
+        blendshapes = torch.where(torch.isnan(blendshapes), 0.0, blendshapes).clamp(0.0, 1.0)
+        head_pose = torch.where(torch.isnan(head_pose), 0.0, head_pose).clamp(-0.5, 0.5)
         posed = self.posed_vertices(blendshapes, head_pose)
         layers = torch.cat([
             self.posed_vertices(blendshapes, head_pose, self.layer_offsets[0]),

@@ -195,8 +195,8 @@ VALID = {
 
 BLS_MODELS = {"avatar", "tts", "asr", "llm", "avatar_say"}  # python models and ensembles
 NATIVE_MODELS = (
-    "asr_encoder", "asr_decoder", "llm_decoder", "tts_vits", "renderer", "vad", "lipsync",
-    "emotion_encoder",
+    "asr_encoder", "asr_decoder", "llm_decoder", "tts_vits", "renderer", "portrait_renderer",
+    "vad", "lipsync", "emotion_encoder",
 )  # fmt: skip
 
 

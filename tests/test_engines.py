@@ -268,7 +268,7 @@ def _outputs(path: Path, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]
     return dict(zip(names, session.run(names, inputs), strict=True))
 
 
-@pytest.mark.parametrize("name", ["vad", "renderer"])  # renderer: uint8 frames
+@pytest.mark.parametrize("name", ["vad", "renderer", "portrait_renderer"])  # uint8 frames
 def test_reference_against_itself_passes(name: str, artifacts: dict[str, Path]) -> None:
     inputs, tolerances = _case(name, artifacts[name])
     onnx_path = artifacts[name] / "model.onnx"

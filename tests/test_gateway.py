@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -63,10 +64,76 @@ def test_end_silence_is_a_control_checked_by_the_gateway() -> None:
     assert sent == [{"type": "controls", "controls": {"fps": 25, "end_silence_s": 0.4}}]
 
 
+def test_portrait_rig_is_served_from_its_folder_and_404_without_one(tmp_path: Path) -> None:
+    """`--portrait DIR`: /portrait/info says whether the page can draw the photo, the two
+    files come from the folder; without a folder (or a file) a 404 that says why. No Triton:
+    the gateway only connects to it for a session."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from gateway.app import create_app
+
+    rig, photo = b'{"size": 512, "vertices": [1.5, 2.0, 0.0]}', b"\x89PNG\r\n\x1a\n not really"
+    (tmp_path / "rig.json").write_bytes(rig)
+    (tmp_path / "photo.png").write_bytes(photo)
+    (tmp_path / "rig.npz").write_bytes(b"not served")
+
+    async def get(portrait: Path | None, path: str) -> tuple[int, str, bytes]:
+        app = create_app("127.0.0.1:1", portrait=portrait)
+        async with TestClient(TestServer(app)) as client:
+            response = await client.get(path, headers={"Accept-Encoding": "gzip"})
+            return response.status, response.content_type, await response.read()
+
+    def fetch(portrait: Path | None, path: str) -> tuple[int, str, bytes]:
+        return asyncio.run(get(portrait, path))
+
+    assert fetch(tmp_path, "/portrait/rig.json") == (200, "application/json", rig)
+    assert fetch(tmp_path, "/portrait/photo.png") == (200, "image/png", photo)
+    status, _, body = fetch(tmp_path, "/portrait/info")
+    assert (status, json.loads(body)) == (
+        200,
+        {"available": True, "rig": "/portrait/rig.json", "photo": "/portrait/photo.png"},
+    )
+    assert fetch(tmp_path, "/portrait/rig.npz")[0] == 404  # only the page's two files
+    assert fetch(tmp_path, "/portrait/..%2Frig.npz")[0] == 404
+
+    status, _, body = fetch(None, "/portrait/rig.json")
+    assert status == 404 and b"started without --portrait" in body
+    assert json.loads(fetch(None, "/portrait/info")[2]) == {"available": False}
+    (tmp_path / "photo.png").unlink()
+    status, _, body = fetch(tmp_path, "/portrait/photo.png")
+    assert status == 404 and b"photo.png is missing" in body
+    assert json.loads(fetch(tmp_path, "/portrait/info")[2]) == {"available": False}
+
+
+def test_avatar_serve_web_gives_the_gateway_the_served_portrait_rig(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`avatar serve --web`: the rig is the `portrait_renderer` artifact folder, resolved
+    through the export registry like every served model's; not served, no rig."""
+    from avatar.serving import cli
+    from export import registry
+
+    asked: list[list[str]] = []
+
+    def ensure_all(names: list[str]) -> dict[str, Path]:
+        asked.append(names)
+        return {name: tmp_path for name in names}
+
+    monkeypatch.setattr(registry, "ensure_all", ensure_all)
+    assert cli._portrait_rig(["vad", "avatar"]) is None and not asked
+    assert cli._portrait_rig(["vad", "portrait_renderer"]) is None  # no rig.json, photo.png
+    for name in ("rig.json", "photo.png"):
+        (tmp_path / name).write_bytes(b"x")
+    assert cli._portrait_rig(["vad", "portrait_renderer"]) == tmp_path
+    assert asked == [["portrait_renderer"]] * 2
+
+
 def test_page_and_health(gateway: str) -> None:
     with urllib.request.urlopen(gateway + "/") as response:
-        assert b"/static/live.js" in response.read()
-    for path in ("/static/live.js", "/static/mic-worklet.js"):
+        page = response.read()
+    assert b"/static/live.js" in page and b"/static/portrait.js" in page
+    assert b'id="face-style"' in page
+    for path in ("/static/live.js", "/static/portrait.js", "/static/mic-worklet.js"):
         with urllib.request.urlopen(gateway + path) as response:
             assert response.status == 200
 

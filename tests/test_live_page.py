@@ -1,18 +1,28 @@
 """The live page in a real browser (Debian's Chromium, headless, through WebDriver): its
 microphone is a WAV file (Chromium's fake capture device), so the whole path runs as a
 user's would: getUserMedia -> AudioWorklet -> WebSocket -> gateway -> vad + avatar on the
-real tritonserver -> Web Audio playback and the face drawn from the ARKit frames."""
+real tritonserver -> Web Audio playback and the face drawn from the ARKit frames.
+
+The face is the photo portrait (gateway `--portrait`, a rig built from matplotlib's
+grace_hopper.jpg) drawn with WebGL on SwiftShader; its pixels are read back through the
+page's test hook (`window.faceTest`) and compared with the photo and with the reference
+renderer (`networks.portrait`, torch). Those tests need no Triton."""
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import io
 import shutil
 import time
 import wave
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from avatar.animation.tables import ARKIT_INDEX
 from export.asr.clips import clips
 from export.asr.wer import wer
 
@@ -20,6 +30,98 @@ CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 pytestmark = pytest.mark.skipif(
     not (CHROMIUM and DRIVER), reason="needs chromium and chromium-driver (make test installs them)"
 )
+# WebGL without a GPU: ANGLE on SwiftShader (CPU). Chromium 156 headless finds it by itself
+# here, but it is deprecated as an automatic fallback; `--use-gl=swiftshader` gives no WebGL.
+WEBGL = ("--use-angle=swiftshader", "--enable-unsafe-swiftshader")
+NO_TRITON = "127.0.0.1:9"  # the page and the rig need no Triton; only a session would
+
+
+def _chromium(*flags: str):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--window-size=1100,760", *flags):
+        options.add_argument(flag)
+    return webdriver.Chrome(service=Service(DRIVER), options=options)
+
+
+@pytest.fixture(scope="module")
+def rig_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """rig.json + photo.png (+ rig.npz for the reference renderer) of grace_hopper.jpg."""
+    import matplotlib
+    from PIL import Image
+
+    from export.portrait import landmarks
+    from export.portrait.rig import build_rig
+
+    photo = Path(matplotlib.get_data_path()) / "sample_data" / "grace_hopper.jpg"
+    folder = tmp_path_factory.mktemp("rig")
+    with landmarks.FaceMesh() as mesh:
+        build_rig(np.asarray(Image.open(photo).convert("RGB")), mesh).save(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def portrait_page(rig_folder: Path) -> Iterator[str]:
+    """A gateway with `--portrait` and no Triton behind it: the page's base URL."""
+    from gateway.process import running_gateway
+
+    options = ["--portrait", str(rig_folder)]
+    with running_gateway(NO_TRITON, options, ready_path="/portrait/info") as (base, _process):
+        yield base
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator:
+    driver = _chromium(*WEBGL)
+    yield driver
+    driver.quit()
+
+
+def _open(driver, url: str) -> dict:
+    """Load the page; wait until the portrait is drawn or has failed -> window.liveStats."""
+    driver.get(url)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        stats = driver.execute_script("return window.liveStats")
+        if stats["portraitReady"] or stats["portraitError"]:
+            return stats
+        time.sleep(0.1)
+    raise AssertionError(f"the portrait neither loaded nor failed: {stats}")
+
+
+def _face(driver, values: dict[str, float] | None) -> np.ndarray:
+    """The face drawn at `values` (ARKit weights, headYaw/Pitch/Roll by name) -> RGB."""
+    from PIL import Image
+
+    url = driver.execute_script("return window.faceTest(arguments[0])", values)
+    png = base64.b64decode(url.split(",", 1)[1])
+    return np.asarray(Image.open(io.BytesIO(png)).convert("RGB")).astype(np.int16)
+
+
+def _reference(rig_folder: Path, values: dict[str, float]) -> np.ndarray:
+    """The same frame from networks.portrait (torch), as the server would render it."""
+    import torch
+
+    from export.portrait.recipe import renderer
+    from export.portrait.rig import Rig
+
+    weights = np.zeros((1, 52), np.float32)
+    for name, value in values.items():
+        if name in ARKIT_INDEX:
+            weights[0, ARKIT_INDEX[name]] = value
+    pose = [[values.get(n, 0.0) for n in ("headYaw", "headPitch", "headRoll")]]
+    with torch.no_grad():
+        frame = renderer(Rig.load(rig_folder))(torch.from_numpy(weights), torch.tensor(pose))
+    return frame[0].numpy().astype(np.int16)
+
+
+def _cavity(image: np.ndarray) -> np.ndarray:
+    """Pixels of the painted mouth cavity: dark red (52, 16, 22) x 0.55..1."""
+    r, g, b = image[..., 0], image[..., 1], image[..., 2]
+    return (r >= 20) & (r <= 60) & (g <= 25) & (b <= 30) & (r > g + 8)
 
 
 def _microphone_wav(path: Path, audio: np.ndarray) -> Path:
@@ -34,25 +136,29 @@ def _microphone_wav(path: Path, audio: np.ndarray) -> Path:
     return path
 
 
-def test_a_spoken_question_is_answered_in_the_browser(gateway: str, tmp_path: Path) -> None:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
+@pytest.fixture(scope="module")
+def portrait_gateway(triton_server, rig_folder: Path) -> Iterator[str]:
+    """The gateway on the real tritonserver, with the portrait rig."""
+    from gateway.process import running_gateway
 
+    options = ["--portrait", str(rig_folder)]
+    with running_gateway(triton_server.grpc_url, options) as (base, _process):
+        yield base
+
+
+def test_a_spoken_question_is_answered_in_the_browser(
+    portrait_gateway: str, tmp_path: Path
+) -> None:
     clip = clips()[1]  # "What time does the museum open on Sunday?"
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
+    driver = _chromium(
+        *WEBGL,
         "--use-fake-ui-for-media-stream",
         "--use-fake-device-for-media-stream",
         f"--use-file-for-fake-audio-capture={_microphone_wav(tmp_path / 'mic.wav', clip.audio)}",
         "--autoplay-policy=no-user-gesture-required",
-    ):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(DRIVER), options=options)
+    )
     try:
-        driver.get(gateway + "/")
+        assert _open(driver, portrait_gateway + "/")["face"] == "portrait"
         driver.find_element("id", "start").click()
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -70,4 +176,104 @@ def test_a_spoken_question_is_answered_in_the_browser(gateway: str, tmp_path: Pa
     assert wer(clip.text, stats["transcripts"][0]) < 0.2, stats["transcripts"]
     assert stats["sentences"] >= 1 and stats["audioChunks"] >= 1 and stats["framesChunks"] >= 1
     assert stats["framesDrawn"] > 10, "the face was not driven by the reply's frames"
+    assert stats["portraitFramesDrawn"] > 10, "the portrait did not move with the reply"
     assert stats["firstAudioMs"] and 0 < stats["firstAudioMs"][0] < 60_000
+
+
+def test_the_portrait_is_the_default_and_draws_the_photo_at_rest(
+    browser, portrait_page: str, rig_folder: Path
+) -> None:
+    from PIL import Image
+
+    stats = _open(browser, portrait_page + "/")
+    assert stats["portraitReady"] and stats["face"] == "portrait", stats
+    assert browser.find_element("id", "face-style").get_attribute("value") == "portrait"
+    assert browser.find_element("id", "portrait").is_displayed()
+    assert not browser.find_element("id", "face").is_displayed()
+    rest = _face(browser, {})
+    photo = np.asarray(Image.open(rig_folder / "photo.png").convert("RGB")).astype(np.int16)
+    assert rest.shape == photo.shape == (512, 512, 3)
+    # the mesh at rest samples each texel at its centre: the photo itself
+    assert np.abs(rest - photo)[128:384, 128:384].mean() < 0.25
+    assert np.abs(rest - photo).mean() < 0.25
+    assert browser.execute_script("return window.liveStats.portraitFramesDrawn") >= 1
+
+
+def test_jaw_open_opens_the_mouth_as_the_reference_renderer_does(
+    browser, portrait_page: str, rig_folder: Path
+) -> None:
+    from export.portrait.rig import Rig
+
+    _open(browser, portrait_page + "/")
+    x0, y0, x1, y1 = Rig.load(rig_folder).mouth_box
+    rest, opened = _face(browser, {}), _face(browser, {"jawOpen": 0.8})
+    mouth = (slice(y0, y1), slice(x0, x1))
+    assert np.abs(opened - rest)[mouth].mean() > 10, "jawOpen did not move the mouth"
+    assert not np.abs(opened - rest)[:, :64].any(), "the image border moved"
+    cavity = _cavity(opened) & (np.abs(opened - rest).max(axis=-1) > 30)
+    assert cavity[mouth].sum() > 300, "no dark mouth cavity between the lips"
+    # the same model as networks.portrait (which warps backwards on a 4 px grid)
+    reference = _reference(rig_folder, {"jawOpen": 0.8})
+    expected = _cavity(reference) & (np.abs(reference - rest).max(axis=-1) > 30)
+    assert (cavity & expected).sum() / (cavity | expected).sum() > 0.85
+    assert np.abs(opened - reference)[mouth].mean() < 4
+    assert np.abs(opened - reference).mean() < 0.75
+
+
+def test_head_pose_and_expressions_match_the_reference_renderer(
+    browser, portrait_page: str, rig_folder: Path
+) -> None:
+    values = {
+        "headYaw": 0.25, "headPitch": -0.1, "headRoll": 0.08, "jawOpen": 0.4,
+        "mouthSmileLeft": 0.7, "eyeBlinkRight": 1.0, "browInnerUp": 0.6,
+    }  # fmt: skip
+    _open(browser, portrait_page + "/")
+    turned, rest = _face(browser, values), _face(browser, {})
+    reference = _reference(rig_folder, values)
+    moved = np.abs(reference - rest).max(axis=-1) > 24  # where the pose changes the picture
+    assert moved.mean() > 0.05
+    assert np.abs(turned - rest)[moved].mean() > 5 * np.abs(turned - reference)[moved].mean()
+    assert np.abs(turned - reference).mean() < 3
+
+
+def test_choosing_cartoon_draws_the_cartoon(browser, portrait_page: str) -> None:
+    from selenium.webdriver.support.select import Select
+
+    _open(browser, portrait_page + "/")
+    Select(browser.find_element("id", "face-style")).select_by_value("cartoon")
+    stats = browser.execute_script("return window.liveStats")
+    assert stats["face"] == "cartoon" and stats["portraitReady"]
+    assert browser.find_element("id", "face").is_displayed()
+    assert not browser.find_element("id", "portrait").is_displayed()
+    cartoon = _face(browser, {"jawOpen": 0.8})
+    assert cartoon.shape == (400, 400, 3)
+    skin = (np.abs(cartoon - (241, 199, 163)).max(axis=-1) <= 2).sum()
+    mouth = (np.abs(cartoon - (122, 35, 48)).max(axis=-1) <= 2).sum()
+    assert skin > 40_000 and mouth > 1_500, (skin, mouth)
+    time.sleep(0.5)
+    later = browser.execute_script("return window.liveStats")
+    assert later["portraitFramesDrawn"] == stats["portraitFramesDrawn"]
+    Select(browser.find_element("id", "face-style")).select_by_value("portrait")
+    assert browser.execute_script("return window.liveStats.face") == "portrait"
+    assert _face(browser, None).shape == (512, 512, 3)
+
+
+@pytest.mark.parametrize("case", ["no rig", "no WebGL"])
+def test_the_page_falls_back_to_the_cartoon(case: str, portrait_page: str) -> None:
+    from gateway.process import running_gateway
+
+    with contextlib.ExitStack() as stack:
+        if case == "no rig":
+            base, _ = stack.enter_context(running_gateway(NO_TRITON, ready_path="/portrait/info"))
+            driver = _chromium(*WEBGL)
+        else:
+            base, driver = portrait_page, _chromium("--disable-webgl")
+        stack.callback(driver.quit)
+        stats = _open(driver, base + "/")
+        disabled = driver.execute_script(
+            "return document.querySelector('#face-style option[value=portrait]').disabled"
+        )
+        assert _face(driver, {"jawOpen": 0.5}).shape == (400, 400, 3)
+    assert stats["face"] == "cartoon" and not stats["portraitReady"] and disabled
+    expected = "serves no portrait rig" if case == "no rig" else "WebGL is not available"
+    assert expected in stats["portraitError"], stats

@@ -58,11 +58,11 @@ class TurnRunner:
         stages: Stages,
         config: RunnerConfig = RunnerConfig(),
         *,
-        video: Callable[[], str] = lambda: "",
+        video: Callable[[str], str] = lambda _face: "",
         on_change: Callable[[int, int], None] = lambda turns, sessions: None,
     ) -> None:
         self.stages, self.config = stages, config
-        self.video = video  # the renderer that makes frames, "" when none is served
+        self.video = video  # face control -> the renderer that draws it, "" when not served
         self.on_change = on_change
         self.sessions = SessionTurns()
         self._threads: set[threading.Thread] = set()
@@ -115,7 +115,8 @@ class TurnRunner:
 
         def emit(event: TurnEvent) -> None:
             try:
-                tensors = event_tensors(event, self.video())
+                video = self.video(turn.controls.face) if isinstance(event, FinalEvent) else ""
+                tensors = event_tensors(event, video)
                 if isinstance(event, FinalEvent):
                     close(functools.partial(stream.send, tensors, final=True))
                 else:

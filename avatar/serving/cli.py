@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
 import signal
 import sys
 import tempfile
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 
 from avatar.serving.deployment import PROJECT_ROOT, build_repository
@@ -18,6 +20,9 @@ from avatar.serving.server import DEFAULT_KEY_HEADER, PROTOCOLS, EmbeddedServer,
 
 log = logging.getLogger("avatar")
 DEFAULT_BUILD = PROJECT_ROOT / "build"
+# The model whose artifact folder also holds the page's portrait rig (export/portrait)
+PORTRAIT_MODEL = "portrait_renderer"
+PORTRAIT_FILES = ("rig.json", "photo.png")
 
 
 def _materialize(args: argparse.Namespace) -> int:
@@ -34,7 +39,7 @@ def _materialize(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     repo = args.out or DEFAULT_BUILD / "repository-embedded"
-    build_repository(repo, "embedded", args.models or None)
+    served = [m.name for m in build_repository(repo, "embedded", args.models or None)]
     options = ServerOptions(
         repo,
         http_port=args.http_port,
@@ -61,7 +66,10 @@ def _serve(args: argparse.Namespace) -> int:
         )
         gateway = None
         if args.web:
-            gateway = stack.enter_context(_gateway(server.grpc_url, args.web_port, options))
+            portrait = _portrait_rig(served)
+            gateway = stack.enter_context(
+                _gateway(server.grpc_url, args.web_port, options, portrait)
+            )
             log.info("live page: http://127.0.0.1:%d/ (gateway pid %d)", args.web_port, gateway.pid)
         while not stop.wait(1.0):
             if not server.is_running() and not options.heal:
@@ -73,20 +81,40 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _portrait_rig(served: Iterable[str]) -> Path | None:
+    """The rig folder for the page's WebGL portrait: the artifact folder of the served
+    `portrait_renderer` model, found in the cache the way build_repository found it (the
+    export registry; already built, so no work). None when that model is not served."""
+    if PORTRAIT_MODEL not in served:
+        log.info("%s is not served: the live page draws its cartoon face", PORTRAIT_MODEL)
+        return None
+    from export.registry import ensure_all
+
+    folder = ensure_all([PORTRAIT_MODEL])[PORTRAIT_MODEL]
+    missing = [name for name in PORTRAIT_FILES if not (folder / name).is_file()]
+    if missing:
+        log.warning("%s has no %s: the live page draws its cartoon face", folder, missing)
+        return None
+    return folder
+
+
 @contextlib.contextmanager
-def _gateway(grpc_url: str, port: int, options: ServerOptions):
-    """The live gateway (python -m gateway) as a child process, stopped on exit."""
+def _gateway(grpc_url: str, port: int, options: ServerOptions, portrait: Path | None = None):
+    """The live gateway (python -m gateway) as a child process, stopped on exit;
+    `portrait`: the rig folder the page draws (gateway --portrait)."""
     from gateway.process import running_gateway
 
     if options.api_key or options.tls_cert:
         raise SystemExit("--web: the gateway does not pass an API key or TLS to Triton yet")
-    with running_gateway(grpc_url, port=port) as (_base, process):
+    extra = ["--portrait", str(portrait)] if portrait is not None else []
+    with running_gateway(grpc_url, extra, port=port) as (_base, process):
         yield process
 
 
 def _demo(args: argparse.Namespace) -> int:
     """A spoken question (packaged voice) -> the embedded server -> the avatar's answer as
-    build/demo/answer.mp4 (+ .wav, .json), driven by the gRPC chat client."""
+    build/demo/answer.mp4 (+ .wav, .json), driven by the gRPC chat client; the frames are
+    the server's, of the --face renderer."""
     import numpy as np
 
     from avatar.audio import reference_speech, write_wav
@@ -100,7 +128,8 @@ def _demo(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="avatar-demo-") as tmp:
         build_repository(Path(tmp) / "repository", "embedded")
         with EmbeddedServer(ServerOptions(Path(tmp) / "repository")) as server:
-            controls = '{"max_tokens": 64, "seed": 7}'
+            # the server draws the frames (the portrait_renderer or the cartoon renderer)
+            controls = json.dumps({"max_tokens": 64, "seed": 7, "render": True, "face": args.face})
             return chat.main(
                 [str(wav), "--url", server.grpc_url, "--out", str(out), "--controls", controls]
             )
@@ -156,6 +185,12 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="start the embedded server and drive it from a client")
     demo.add_argument(
         "--out", type=Path, help="where the demo writes its files (default build/demo)"
+    )
+    demo.add_argument(
+        "--face",
+        choices=("portrait", "cartoon"),
+        default="portrait",
+        help="the photo portrait (default) or the cartoon face in answer.mp4",
     )
     demo.set_defaults(run=_demo)
 

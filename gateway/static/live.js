@@ -1,13 +1,17 @@
 // The live page: microphone -> WebSocket (protocol MIC frames), reply audio through Web
-// Audio on the turn clock, the face drawn from the ARKit-52 frames on the same clock.
-// docs/protocol.md describes every message. window.liveStats is read by the browser test.
+// Audio on the turn clock, the face drawn from the ARKit-52 frames on the same clock: the
+// photo portrait (portrait.js, WebGL) when the gateway has a rig, else a cartoon (2D canvas).
+// docs/protocol.md describes every message. window.liveStats is read by the browser tests.
 "use strict";
 const $ = (id) => document.getElementById(id);
 const stats = (window.liveStats = {
   ready: false, transcripts: [], sentences: 0, audioChunks: 0, framesChunks: 0,
   framesDrawn: 0, turnEnds: [], interrupts: 0, errors: [], firstAudioMs: [],
+  face: "cartoon", portraitReady: false, portraitError: null, portraitFramesDrawn: 0,
 });
 let ws = null, ctx = null, names = [], index = {};
+let portrait = null, held = null;  // the WebGL portrait once loaded; faceTest's values
+let redraw = false;  // the portrait draws only when its input changed, or when this is set
 let turn = { number: 0, clock: null, frames: [], sources: [], endedSpeechAt: null };
 
 function log(text, cls = "info") {
@@ -67,7 +71,7 @@ function onFrames(view, data) {
 function weight(row, name) { return row ? row[index[name]] || 0 : 0; }
 
 function currentRow() {
-  if (turn.clock === null || !turn.frames.length) return null;
+  if (!ctx || turn.clock === null || !turn.frames.length) return null;
   const t = ctx.currentTime - turn.clock;
   for (const f of turn.frames) {
     const i = Math.floor((t - f.start) * f.fps);
@@ -76,10 +80,29 @@ function currentRow() {
   return null;
 }
 
+// One face per animation frame, from the reply's current row (or faceTest's values).
 function draw() {
-  const c = $("face").getContext("2d"), row = currentRow();
+  const row = currentRow();
   if (row) stats.framesDrawn += 1;
-  const w = (n) => weight(row, n);
+  drawFace(held ? (n) => held[n] || 0 : (n) => weight(row, n), redraw);
+  redraw = false;
+  requestAnimationFrame(draw);
+}
+
+function drawFace(w, force = false) {
+  if (stats.face === "portrait") {
+    try {
+      if (portrait.draw(w, force)) stats.portraitFramesDrawn += 1;
+      return;
+    } catch (e) {  // a lost WebGL context: the cartoon takes over
+      portraitFailed(e);
+    }
+  }
+  drawCartoon(w);
+}
+
+function drawCartoon(w) {
+  const c = $("face").getContext("2d");
   c.clearRect(0, 0, 400, 400);
   c.save();
   c.translate(200 + 60 * w("headYaw"), 210 - 60 * w("headPitch"));
@@ -111,7 +134,32 @@ function draw() {
   c.quadraticCurveTo(0, 76 + open * 2, -half, 70 + corner);
   c.fill();
   c.restore();
-  requestAnimationFrame(draw);
+}
+
+function setFace(style) {
+  stats.face = style === "portrait" && portrait ? "portrait" : "cartoon";
+  $("face-style").value = stats.face;
+  $("portrait").hidden = stats.face !== "portrait";
+  $("face").hidden = stats.face === "portrait";
+  redraw = true;
+}
+
+function portraitFailed(error) {
+  portrait = null;
+  stats.portraitReady = false;
+  stats.portraitError = String(error && error.message ? error.message : error);
+  $("face-style").querySelector("option[value=portrait]").disabled = true;
+  setFace("cartoon");
+}
+
+// The portrait is the default when the gateway serves a rig (/portrait/info) and WebGL
+// draws it; otherwise the page keeps the cartoon.
+async function loadPortrait() {
+  const info = await (await fetch("/portrait/info")).json();
+  if (!info.available) throw new Error("the gateway serves no portrait rig (--portrait)");
+  portrait = await window.Portrait.create($("portrait"), info);
+  stats.portraitReady = true;
+  setFace("portrait");
 }
 
 function onMessage(event) {
@@ -173,7 +221,6 @@ async function start() {
   };
   for (const id of ["interrupt", "text"]) $(id).disabled = false;
   document.querySelector("#say button").disabled = false;
-  requestAnimationFrame(draw);
 }
 
 $("start").onclick = () => start().catch((e) => { stats.errors.push(String(e)); log(String(e), "err"); });
@@ -184,3 +231,15 @@ $("say").onsubmit = (e) => {
   if (text) { send({ type: "text", text }); log("you: " + text, "user"); $("text").value = ""; }
 };
 for (const id of ["emotion", "intensity", "alpha", "fps", "silence", "persona"]) $(id).onchange = sendControls;
+$("face-style").onchange = () => setFace($("face-style").value);
+loadPortrait().catch((e) => { portraitFailed(e); log("face: cartoon (" + stats.portraitError + ")"); });
+requestAnimationFrame(draw);
+
+// Test hook (tests/test_portrait_page.py): hold the face at `values` ({name: value}: ARKit
+// weights and headYaw/Pitch/Roll; null lets the reply drive it again), draw it now and
+// return the shown canvas as a PNG data URL (read in the same task: WebGL keeps no copy).
+window.faceTest = (values) => {
+  held = values;
+  drawFace(held ? (n) => held[n] || 0 : () => 0, true);
+  return (stats.face === "portrait" ? $("portrait") : $("face")).toDataURL("image/png");
+};

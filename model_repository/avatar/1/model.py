@@ -88,7 +88,7 @@ class TritonPythonModel:
         self.runner = TurnRunner(
             stages,
             config,
-            video=lambda: self._renderer(""),
+            video=self._renderer,
             on_change=lambda active, open_sessions: (
                 turns.set(active),
                 sessions.set(open_sessions),

@@ -26,7 +26,7 @@ from export.portrait import landmarks as lm
 
 SIZE = 512  # rendered frames are SIZE x SIZE
 FACE_HEIGHT_IN_CROP = 0.46  # forehead-to-chin / crop side: head, hair and neck in view
-RING_SCALES = (1.25, 1.6)  # rings of vertices around the face oval (hair, ears, neck)
+RING_SCALES = (1.2, 1.6)  # rings of vertices around the face oval (hair, ears, neck)
 RING_RIGIDITY = (0.8, 0.0)  # how much of a head turn each ring follows
 BORDER_STEP = 64  # px between fixed vertices on the image border
 JAW_DROP = 0.32  # eye distances the lower lip moves at jawOpen = 1
@@ -402,7 +402,9 @@ def build_rig(photo: np.ndarray, mesh: lm.FaceMesh, size: int = SIZE) -> Rig:
     offsets = np.zeros((len(ARKIT_NAMES), len(vertices), 3), np.float32)
     for name, local in shape_offsets(fields).items():
         offsets[ARKIT_INDEX[name], :, :2] = frame.to_image(local)
-    offsets[:, rigidity == 0] = 0.0  # the image border never moves
+    # Expressions move the face's own landmarks only: the rings around it (hair, neck,
+    # collar) follow head turns, not the jaw, so the background stays the photo's
+    offsets[:, len(marks) :] = 0.0
     layer_offsets = split_at_lips(offsets, fields)
 
     unit = frame.unit

@@ -1,0 +1,204 @@
+"""The photo portrait: its rig (cheap checks of the offsets) and the quality of the frames the
+exported renderer draws for a spoken reply, measured by re-detecting the face in them
+(export/portrait/quality.py; the figures and their thresholds are explained there).
+
+The first run builds the artifact (`ensure(PortraitRecipe())`); later runs find it cached.
+The reply's figures take ~15 s on one core.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from avatar.animation.tables import ARKIT_INDEX, ARKIT_NAMES
+from export.common import ensure, onnx_session
+from export.portrait import landmarks as lm
+from export.portrait import quality
+from export.portrait.recipe import PortraitRecipe, example_inputs
+from export.portrait.rig import ARKIT_APPROXIMATIONS, Rig, build_rig
+
+REPLY = "Maybe a big problem, please."  # four p/b/m closures and a pause
+
+
+@pytest.fixture(scope="module")
+def artifact() -> Path:
+    return ensure(PortraitRecipe())
+
+
+@pytest.fixture(scope="module")
+def rig(artifact: Path) -> Rig:
+    return Rig.load(artifact)
+
+
+@pytest.fixture(scope="module")
+def session(artifact: Path):
+    return onnx_session(artifact / "model.onnx")
+
+
+@pytest.fixture(scope="module")
+def figures(session, rig: Rig) -> dict[str, Any]:
+    return quality.measure(session, texts=(REPLY,), rig=rig)
+
+
+def weights(**values: float) -> np.ndarray:
+    shapes = np.zeros((1, 52), np.float32)
+    for name, value in values.items():
+        shapes[0, ARKIT_INDEX[name]] = value
+    return shapes
+
+
+def check(figures: dict[str, Any], name: str) -> None:
+    c = figures["checks"][name]
+    assert c["ok"], f"{name}: measured {c['value']}, limit {c['limit']} ({figures['replies']})"
+
+
+# ------------------------------------------------------------------------------ the rig
+
+
+def claimed_shapes() -> dict[str, str]:
+    """ARKit name -> how the rig draws it, from ARKIT_APPROXIMATIONS' keys ("jawLeft/Right",
+    "mouthSmile*", "mouthLowerDown*/UpperUp*": a later part completes an earlier prefix)."""
+    out = {}
+    for key, how in ARKIT_APPROXIMATIONS.items():
+        first, *rest = key.split("/")
+        words = re.findall(r"[a-z]+|[A-Z][a-z]*\*?", first)
+        prefixes = ["".join(words[:k]) for k in range(len(words) - 1, 0, -1)]
+        for part in (first, *rest):
+            candidates = [part] if part[0].islower() else [p + part for p in prefixes]
+            names = next(
+                (found for c in candidates if (found := fnmatch.filter(ARKIT_NAMES, c))), []
+            )
+            assert names, f"{part!r} of {key!r} names no ARKit shape"
+            out.update(dict.fromkeys(names, how))
+    return out
+
+
+def test_every_shape_the_rig_claims_moves_vertices(rig):
+    claimed = claimed_shapes()
+    assert set(claimed) == set(ARKIT_NAMES), "ARKIT_APPROXIMATIONS should cover all 52"
+    moves = np.linalg.norm(rig.offsets[..., :2], axis=-1).max(axis=1)  # px at weight 1
+    for name, how in claimed.items():
+        if how.startswith("not drawn"):
+            assert moves[ARKIT_INDEX[name]] == 0, f"{name} ({how}) moves vertices"
+        else:
+            assert moves[ARKIT_INDEX[name]] >= 1.0, f"{name} ({how}) moves at most 1 px"
+
+
+def test_image_border_never_moves(rig, session):
+    border = rig.rigidity == 0
+    assert border.sum() >= 4 * (rig.size // 64)
+    assert np.all(rig.offsets[:, border] == 0) and np.all(rig.layer_offsets[:, :, border] == 0)
+    inputs = example_inputs(4, seed=21)  # random blendshapes and head poses
+    frames = quality.render(session, inputs["blendshapes"], inputs["head_pose"]).astype(int)
+    photo = rig.photo.astype(int)
+    for edge in (np.s_[:, 0], np.s_[:, -1], np.s_[:, :, 0], np.s_[:, :, -1]):
+        assert np.abs(frames[edge] - photo[edge[1:]]).max() <= 1
+
+
+def test_jaw_open_lowers_the_lower_lip_only(rig, session):
+    jaw = rig.offsets[ARKIT_INDEX["jawOpen"], :, :2]
+    lower, upper = list(lm.INNER_LOWER[1:-1]), list(lm.INNER_UPPER[1:-1] + lm.OUTER_UPPER[1:-1])
+    assert jaw[lower, 1].max() >= 0.25 * rig.unit  # down (y grows downwards)
+    assert np.abs(jaw[upper]).max() <= 0.5
+    # and as re-detected on the rendered frame
+    with lm.FaceMesh() as mesh:
+        rest = mesh(quality.render(session, weights())[0])
+        opened = mesh(quality.render(session, weights(jawOpen=0.5))[0])
+    drop = opened[:, 1] - rest[:, 1]
+    # MediaPipe sees most of the rig's drop (80-120 % of it here)
+    assert np.all(drop[lower] >= 0.6 * 0.5 * jaw[lower, 1]), (drop[lower], jaw[lower, 1])
+    assert np.abs(drop[list(lm.INNER_UPPER[1:-1])]).max() <= 1.5, drop[list(lm.INNER_UPPER)]
+
+
+@pytest.mark.parametrize("side", ["Left", "Right"])
+def test_blink_brings_the_upper_lid_to_the_lower(rig, side):
+    upper_ids, lower_ids = {
+        "Left": (lm.LEFT_EYE_UPPER, lm.LEFT_EYE_LOWER),
+        "Right": (lm.RIGHT_EYE_UPPER, lm.RIGHT_EYE_LOWER),
+    }[side]
+    posed = quality.displaced(rig, weights(**{f"eyeBlink{side}": 1.0}))[0]
+    upper, lower = posed[list(upper_ids[1:-1])], posed[list(lower_ids)]
+    order = np.argsort(lower[:, 0])
+    lower_y = np.interp(upper[:, 0], lower[order, 0], lower[order, 1])
+    rest = rig.vertices[:, :2]
+    opening = rest[list(lower_ids[1:-1]), 1] - rest[list(upper_ids[1:-1]), 1]
+    assert opening.max() >= 5.0  # the photo's eye is open
+    assert np.abs(lower_y - upper[:, 1]).max() <= 1.5
+
+
+def test_photo_without_a_face_is_refused():
+    rng = np.random.default_rng(0)
+    noise = rng.integers(0, 255, size=(240, 320, 3), dtype=np.uint8)
+    with lm.FaceMesh() as mesh, pytest.raises(lm.NoFaceError, match="no face found in the 320x240"):
+        build_rig(noise, mesh)
+
+
+# --------------------------------------------------------------- frames of a spoken reply
+
+
+def test_face_is_redetected_in_every_frame(figures):
+    check(figures, "redetected")
+
+
+def test_lip_gap_follows_the_intended_opening(figures):
+    check(figures, "lip_correlation")
+    assert figures["replies"][0]["gap_max_px"] >= 10.0  # the mouth does open
+
+
+def test_lips_close_on_pbm_and_in_pauses(figures):
+    (reply,) = figures["replies"]
+    assert reply["pp_frames"] >= 4 and reply["silence_frames"] >= 4
+    assert reply["closed_intended_max"] <= 0.02  # the animation closes them
+    check(figures, "closed_gap_px")
+
+
+# Expressions move the face's landmarks only (the rings around the face follow head turns):
+# when written, the jaw moved the first ring and with it collar, shoulders and hair.
+def test_background_stays_the_photo(figures):
+    check(figures, "background_max_levels")
+    check(figures, "background_random_share")
+
+
+def test_neutral_frame_is_the_photo(figures):
+    assert figures["neutral_vs_photo_max"] <= 1
+
+
+def test_same_inputs_same_frames(figures):
+    check(figures, "repeat_max_diff")
+    check(figures, "batch_max_diff")
+
+
+def test_small_change_small_difference(figures):
+    check(figures, "nudge_max_mad")
+
+
+def test_no_flicker(figures):
+    assert figures["replies"][0]["flicker_still_max_mad"] <= quality.FLICKER_FLOOR
+    check(figures, "flicker_excess")
+
+
+def test_no_holes(figures):
+    check(figures, "holes")
+
+
+def test_hole_and_background_checks_can_fail(rig):
+    """The checks on the photo itself pass; a black hole on the cheek, a smear of the mouth's
+    cavity colour on the chin, and a shifted background fail them."""
+    colours = quality.ColourRange(rig.photo)
+    rest = weights()
+    assert quality.still_head_checks(rig.photo[None], rest, rig, colours)["holes"] == 0
+    cheek = rig.vertices[lm.RIGHT_CHEEK, :2].astype(int)
+    chin = rig.vertices[lm.CHIN, :2].astype(int) - (0, 12)
+    bad = rig.photo.copy()
+    bad[cheek[1] - 3 : cheek[1] + 3, cheek[0] - 3 : cheek[0] + 3] = 0
+    bad[chin[1] - 2 : chin[1] + 2, chin[0] - 6 : chin[0] + 6] = (52, 16, 22)
+    bad[:40, :40] = np.roll(rig.photo, 2, axis=1)[:40, :40]
+    found = quality.still_head_checks(bad[None], rest, rig, colours)
+    assert found["holes"] >= 6 * 6 + 4 * 12, found
+    assert found["background_max"] > quality.MAX_BACKGROUND_LEVELS, found

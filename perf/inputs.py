@@ -189,6 +189,7 @@ SAMPLES: dict[str, Callable[[], list[Sample]]] = {
     "tts": tts_samples,
     "llm": llm_samples,
     "renderer": renderer_samples,
+    "portrait_renderer": renderer_samples,  # the same ARKit frames and head poses
     "avatar_say": avatar_say_samples,
     "avatar": avatar_samples,
     "tts_vits": tts_vits_samples,

@@ -1,6 +1,8 @@
 """`python -m export build [MODEL ...]`: build every model's verified artifacts (cached).
 `python -m export engines [MODEL ...]`: TensorRT engines of the tensorrt_plan models,
-verified against ONNX Runtime, and the production repository (needs TensorRT + a GPU)."""
+verified against ONNX Runtime, and the production repository (needs TensorRT + a GPU).
+`python -m export portrait PHOTO`: rig a frontal photo as the avatar's portrait
+(`python -m export.portrait --help` for its options)."""
 
 from __future__ import annotations
 
@@ -44,7 +46,16 @@ def main(argv: list[str] | None = None) -> int:
         help="production repository to write (default build/repository-production)",
     )
     engines.add_argument("--no-repository", action="store_true", help="engines only")
+    portrait = sub.add_parser(
+        "portrait", help="rig a frontal photo as the portrait (python -m export.portrait -h)"
+    )
+    portrait.add_argument("options", nargs=argparse.REMAINDER, help="PHOTO [--report] ...")
     args = parser.parse_args(argv)
+    if args.command == "portrait":
+        from export.portrait.recipe import main as portrait_main
+
+        portrait_main(args.options)
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("export")
 

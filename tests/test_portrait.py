@@ -202,3 +202,33 @@ def test_hole_and_background_checks_can_fail(rig):
     found = quality.still_head_checks(bad[None], rest, rig, colours)
     assert found["holes"] >= 6 * 6 + 4 * 12, found
     assert found["background_max"] > quality.MAX_BACKGROUND_LEVELS, found
+
+
+def test_any_frontal_photo_by_path_is_rigged(tmp_path, monkeypatch):
+    """`python -m export portrait PHOTO`: another photo (mirrored, smaller, off-centre on a
+    grey canvas) gets its own cached artifact whose rest frame is its own crop."""
+    from PIL import Image
+
+    from export.__main__ import main as export_main
+    from export.portrait.recipe import default_photo
+
+    monkeypatch.setenv("AVATAR_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("AVATAR_PORTRAIT", raising=False)
+    original = Image.open(default_photo()).convert("RGB")
+    canvas = Image.new("RGB", (900, 700), (128, 128, 128))
+    small = original.transpose(Image.Transpose.FLIP_LEFT_RIGHT).resize((384, 450))
+    canvas.paste(small, (420, 150))
+    photo = tmp_path / "someone.png"
+    canvas.save(photo)
+    assert export_main(["portrait", str(photo)]) == 0
+    folder = ensure(PortraitRecipe(photo))
+    assert folder.parent == tmp_path / "cache" / "portrait_renderer"
+    other = Rig.load(folder)
+    inputs = {
+        "blendshapes": np.zeros((1, 52), np.float32),
+        "head_pose": np.zeros((1, 3), np.float32),
+    }
+    (frame,) = onnx_session(folder / "model.onnx").run(["frames"], inputs)
+    np.testing.assert_array_equal(frame[0], other.photo)
+    with lm.FaceMesh() as mesh:
+        assert mesh.find(frame[0]) is not None

@@ -202,6 +202,8 @@ def test_the_portrait_is_the_default_and_draws_the_photo_at_rest(
 def test_jaw_open_opens_the_mouth_as_the_reference_renderer_does(
     browser, portrait_page: str, rig_folder: Path
 ) -> None:
+    from scipy import ndimage
+
     from export.portrait.rig import Rig
 
     _open(browser, portrait_page + "/")
@@ -215,7 +217,10 @@ def test_jaw_open_opens_the_mouth_as_the_reference_renderer_does(
     # the same model as networks.portrait (which warps backwards on a 4 px grid)
     reference = _reference(rig_folder, {"jawOpen": 0.8})
     expected = _cavity(reference) & (np.abs(reference - rest).max(axis=-1) > 30)
-    assert (cavity & expected).sum() / (cavity | expected).sum() > 0.85
+    # the cavity is a thin band between teeth and tongue (2-3 px): the same within 2 px
+    near = lambda mask: ndimage.binary_dilation(mask, iterations=2)  # noqa: E731
+    assert (cavity & near(expected)).sum() / cavity.sum() > 0.85
+    assert (expected & near(cavity)).sum() / expected.sum() > 0.85
     assert np.abs(opened - reference)[mouth].mean() < 4
     assert np.abs(opened - reference).mean() < 0.75
 

@@ -101,3 +101,28 @@ def test_served_encoder_export_matches_pytorch() -> None:
     )
     assert np.array_equal(ours["input_ids"], theirs["input_ids"])
     assert np.array_equal(ours["attention_mask"], theirs["attention_mask"])
+
+
+def test_int8_variant_gate_is_recorded_and_recomputes() -> None:
+    """The INT8 Q/DQ variant's gate record (labels, accuracy, intensity against FP32 on the
+    held-out sentences) is in the sidecar with its calibration set, and the gate computed
+    again on the built files gives the same verdict and quality figures."""
+    import json
+
+    from avatar.sidecar import Sidecar
+    from export.emotion import int8
+    from export.registry import ensure_all
+
+    folder = ensure_all(["emotion_encoder"])["emotion_encoder"]
+    record = Sidecar.load(folder).validation["variants"][int8.VARIANT_FILE]
+    calibration = json.loads((folder / int8.CALIBRATION_FILE).read_text())
+    assert calibration["sentences"] == list(load_sentences()["train"][0])
+    again = int8.gate(folder / "model.onnx", folder / int8.VARIANT_FILE)
+    for key in ("passes_gate", "accuracy", "labels_as_fp32", "intensity_mad"):
+        assert again[key] == record[key], key
+    assert record["passes_gate"] == (
+        record["accuracy"]["int8"] >= record["accuracy"]["fp32"] - int8.ACCURACY_DROP
+        and record["labels_as_fp32"] >= int8.MIN_AGREEMENT
+        and record["intensity_mad"] <= int8.MAX_INTENSITY_MAD
+    )
+    assert set(record["speed_1_thread"]) == {"batch_1", "batch_8"}

@@ -223,3 +223,35 @@ def test_embedded_runner_serves_a_variant_only_when_its_gate_passed(
     served = parse_config(tmp_path / "out2" / "asr_encoder" / "config.pbtxt")
     assert served.parameters["onnx_file"].string_value == "model.onnx"
     assert "failed its gate (WER +9)" in caplog.text
+
+
+def test_an_onnx_runtime_model_serves_its_gated_variant_in_both_targets(tmp_path: Path) -> None:
+    """emotion_encoder names model.int8.onnx by Triton's `default_model_filename`: served in
+    production (ONNX Runtime on the CPU) and by the embedded runner while its gate passed;
+    with a failed gate both serve model.onnx and production's config says so."""
+    import json
+
+    from export.registry import ensure_all
+
+    artifact = ensure_all(["emotion_encoder"])["emotion_encoder"]
+    source = _copy_model(tmp_path, "emotion_encoder")
+    declared = parse_config(source / "emotion_encoder" / "config.pbtxt")
+    assert declared.default_model_filename == "model.int8.onnx"
+    assert Sidecar.load(artifact).validation["variants"]["model.int8.onnx"]["passes_gate"]
+
+    def served(folder: Path) -> tuple[str, str]:
+        artifacts = {"emotion_encoder": folder}
+        materialize(source, tmp_path / "prod", "production", artifacts)
+        materialize(source, tmp_path / "emb", "embedded", artifacts)
+        prod = parse_config(tmp_path / "prod" / "emotion_encoder" / "config.pbtxt")
+        emb = parse_config(tmp_path / "emb" / "emotion_encoder" / "config.pbtxt")
+        assert (tmp_path / "prod" / "emotion_encoder" / "1" / prod.default_model_filename).is_file()
+        return prod.default_model_filename, emb.parameters["onnx_file"].string_value
+
+    assert served(artifact) == ("model.int8.onnx", "model.int8.onnx")
+    failed = tmp_path / "failed"
+    shutil.copytree(artifact, failed)
+    sidecar = json.loads((failed / "model.json").read_text())
+    sidecar["validation"]["variants"]["model.int8.onnx"].update(passes_gate=False, why="labels")
+    (failed / "model.json").write_text(json.dumps(sidecar))
+    assert served(failed) == ("model.onnx", "model.onnx")

@@ -160,12 +160,16 @@ def has_state(config: mc.ModelConfig) -> bool:
     return bool(config.sequence_batching.state)
 
 
-def embedded_variant(config: mc.ModelConfig, artifact_dir: Path) -> str:
-    """The ONNX file the embedded runner serves: `model.onnx`, or the variant the config's
-    `embedded_onnx_variant` parameter names (e.g. an INT8 Q/DQ graph measured faster on
-    the CPU) when the artifact's sidecar records that it passed its quality gate."""
-    wanted = config.parameters["embedded_onnx_variant"].string_value
-    if not wanted:
+def onnx_variant(config: mc.ModelConfig, artifact_dir: Path) -> str:
+    """The ONNX file ONNX Runtime serves: `model.onnx`, or the variant (e.g. an INT8 Q/DQ graph
+    measured faster on the CPU) that the config names, when the artifact's sidecar records
+    that it passed its quality gate. A variant is named by Triton's own
+    `default_model_filename` (ONNX Runtime models, both targets) or by the
+    `embedded_onnx_variant` parameter (models that are TensorRT engines in production)."""
+    wanted = config.parameters["embedded_onnx_variant"].string_value or (
+        config.default_model_filename if platform_of(config) == "onnxruntime_onnx" else ""
+    )
+    if wanted in ("", "model.onnx"):
         return "model.onnx"
     record = Sidecar.load(artifact_dir).validation.get("variants", {}).get(wanted)
     if not (artifact_dir / wanted).is_file() or not isinstance(record, dict):
@@ -332,11 +336,20 @@ def materialize(
             _place(companion, version_dir / companion.name)
         if target == "production":
             filename = ARTIFACT_FILE[declared]
+            if declared == "onnxruntime_onnx":
+                filename = onnx_variant(config, artifact_dir)
             _place(artifact_dir / filename, version_dir / filename)
-            shutil.copy2(src_dir / "config.pbtxt", dest_dir / "config.pbtxt")
+            if config.default_model_filename and config.default_model_filename != filename:
+                served = mc.ModelConfig()
+                served.CopyFrom(config)
+                served.default_model_filename = filename  # its variant is not served
+                header = f"# Generated from model_repository/{name}/config.pbtxt: {filename}\n"
+                _write_config(served, dest_dir / "config.pbtxt", header)
+            else:
+                shutil.copy2(src_dir / "config.pbtxt", dest_dir / "config.pbtxt")
             written.append(MaterializedModel(name, declared, declared))
         else:
-            onnx_file = embedded_variant(config, artifact_dir)
+            onnx_file = onnx_variant(config, artifact_dir)
             _place(artifact_dir / onnx_file, version_dir / onnx_file)
             runner = SEQUENCE_RUNNER_MODEL_PY if has_state(config) else RUNNER_MODEL_PY
             (version_dir / "model.py").write_text(runner)

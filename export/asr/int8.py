@@ -50,6 +50,7 @@ from export.asr.human import MissingRecordingsError, human_clips
 from export.asr.weights import packaged_ct2_dir
 from export.asr.wer import corpus_wer
 from export.common import cache_root
+from export.quantize import linear_nodes, quantize_qdq
 
 log = logging.getLogger(__name__)
 
@@ -126,16 +127,6 @@ class RecordingRuntime(WhisperRuntime):
         return self.runtime.decode(tokens, self_kv, cross_kv)
 
 
-class _Reader:
-    """onnxruntime CalibrationDataReader over recorded feeds."""
-
-    def __init__(self, feeds: list[dict[str, np.ndarray]]):
-        self._items = iter(feeds)
-
-    def get_next(self) -> dict[str, np.ndarray] | None:
-        return next(self._items, None)
-
-
 @dataclasses.dataclass(frozen=True)
 class Scheme:
     """What gets quantised and how activations are calibrated (all symmetric INT8, QDQ,
@@ -166,59 +157,20 @@ BUILT = SCHEMES[3]  # minmax-linear-no-fc2: within the gate for both networks
 VARIANT_FILE = "model.int8.onnx"
 
 
-def linear_nodes(path: Path) -> list[str]:
-    """MatMul/Gemm nodes one of whose inputs is an initializer: the model's linear layers.
-
-    A weight that another kind of node also reads stays FP32: the decoder's output
-    projection shares its matrix with the token embedding's Gather, and a quantised shared
-    initializer is dequantised whole (26M values) on every step, 5x slower than FP32."""
-    import onnx
-
-    graph = onnx.load(str(path), load_external_data=False).graph
-    weights = {i.name for i in graph.initializer}
-    readers: dict[str, set[str]] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers.setdefault(name, set()).add(node.op_type)
-    return [
-        n.name
-        for n in graph.node
-        if n.op_type in ("MatMul", "Gemm")
-        and any(i in weights and readers[i] <= {"MatMul", "Gemm"} for i in n.input)
-    ]
-
-
 def _quantize(source: Path, out: Path, feeds: list[dict[str, np.ndarray]], scheme: Scheme):
-    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
-
-    ops = ["MatMul", "Gemm", *(["Conv"] if scheme.conv else [])]
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(max(level, logging.ERROR))  # the quantizer logs advice on the root logger
-    try:
-        quantize_static(
-            str(source),
-            str(out),
-            _Reader(feeds),
-            quant_format=QuantFormat.QDQ,
-            op_types_to_quantize=ops,
-            nodes_to_quantize=(
-                [n for n in linear_nodes(source) if not any(k in n for k in scheme.skip)]
-                if scheme.linear_only
-                else None
-            ),
-            per_channel=True,
-            activation_type=QuantType.QInt8,
-            weight_type=QuantType.QInt8,
-            calibrate_method=CalibrationMethod[scheme.method],
-            extra_options={
-                "ActivationSymmetric": True,
-                "WeightSymmetric": True,
-                **dict(scheme.extra),
-            },
-        )
-    finally:
-        root.setLevel(level)
+    quantize_qdq(
+        source,
+        out,
+        feeds,
+        ops=["MatMul", "Gemm", *(["Conv"] if scheme.conv else [])],
+        nodes=(
+            [n for n in linear_nodes(source) if not any(k in n for k in scheme.skip)]
+            if scheme.linear_only
+            else None
+        ),
+        method=scheme.method,
+        extra=dict(scheme.extra),
+    )
 
 
 def calibration_feeds(runtime: WhisperRuntime, vocab: WhisperVocab):

@@ -46,6 +46,7 @@ class _WhisperRecipe(ArtifactRecipe):
         HERE / "modules.py",
         HERE / "weights.py",
         HERE.parent / "onnx_edit.py",
+        HERE.parent / "quantize.py",
         *(HERE / f for f in ("int8.py", "clips.py", "human.py", "wer.py", "report.py")),
     )
 

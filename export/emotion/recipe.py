@@ -36,6 +36,7 @@ from export.common import (
     onnx_session,
     worst,
 )
+from export.emotion.int8 import VARIANT_FILE, build_variant
 from export.onnx_edit import set_output_dims
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,8 @@ class EmotionEncoderRecipe(ArtifactRecipe):
     code_files = (
         Path(__file__).parents[2] / "training" / "emotion" / "encoder.py",
         Path(__file__).parents[1] / "onnx_edit.py",
+        Path(__file__).parents[1] / "quantize.py",
+        Path(__file__).with_name("int8.py"),
     )
 
     def key_inputs(self) -> dict[str, str]:
@@ -110,6 +113,7 @@ class EmotionEncoderRecipe(ArtifactRecipe):
         )
         set_output_dims(path, {OUTPUT: ["batch", EMBEDDING]})  # pooling hides the width
         validation = verify(path, reference)
+        validation["variants"] = {VARIANT_FILE: build_variant(Path(out_dir))}
         inputs, outputs = describe_onnx(path)
         return Sidecar(
             model=self.name,

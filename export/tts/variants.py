@@ -20,6 +20,7 @@ from avatar.tts.phonemes import Phonemizer, prepare
 from avatar.tts.synth import Controls, batch_inputs
 from avatar.tts.voice import packaged_voice
 from export.common import ArtifactRecipe, describe_onnx, ensure, onnx_session
+from export.quantize import quantize_qdq
 from export.tts.recipe import VitsRecipe
 
 log = logging.getLogger(__name__)
@@ -58,41 +59,27 @@ def _fp16(source: Path, out: Path) -> None:
     onnx.save(model, str(out))
 
 
-class _Calibration:
-    """onnxruntime CalibrationDataReader over CALIBRATION_SENTENCES (one item each)."""
-
-    def __init__(self) -> None:
-        voice = packaged_voice()
-        phonemizer = Phonemizer(voice.config)
-        controls = Controls.defaults(voice.config, seed=99)
-        chunks = [c for s in CALIBRATION_SENTENCES for c in prepare(s, phonemizer).chunks]
-        self.items = iter([batch_inputs([c.ids], [controls]) for c in chunks])
-
-    def get_next(self) -> dict[str, np.ndarray] | None:
-        return next(self.items, None)
+def _calibration_feeds() -> list[dict[str, np.ndarray]]:
+    """One feed per chunk of CALIBRATION_SENTENCES."""
+    voice = packaged_voice()
+    phonemizer = Phonemizer(voice.config)
+    controls = Controls.defaults(voice.config, seed=99)
+    chunks = [c for s in CALIBRATION_SENTENCES for c in prepare(s, phonemizer).chunks]
+    return [batch_inputs([c.ids], [controls]) for c in chunks]
 
 
 def _int8(source: Path, out: Path) -> None:
-    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
-
-    quantize_static(
-        str(source),
-        str(out),
-        _Calibration(),
-        quant_format=QuantFormat.QDQ,
-        op_types_to_quantize=["Conv", "ConvTranspose", "MatMul"],
-        per_channel=True,
-        activation_type=QuantType.QInt8,
-        weight_type=QuantType.QInt8,
-        calibrate_method=CalibrationMethod.MinMax,
-        extra_options={"ActivationSymmetric": True, "WeightSymmetric": True},
-    )
+    quantize_qdq(source, out, _calibration_feeds(), ops=["Conv", "ConvTranspose", "MatMul"])
 
 
 class VitsVariantRecipe(ArtifactRecipe):
     """`tts_vits` in FP16 or INT8; same inputs and outputs as the FP32 export."""
 
-    code_files = (Path(__file__).with_name("recipe.py"), Path(__file__).with_name("graph.py"))
+    code_files = (
+        Path(__file__).with_name("recipe.py"),
+        Path(__file__).with_name("graph.py"),
+        Path(__file__).parents[1] / "quantize.py",
+    )
 
     def __init__(self, precision: str):
         if precision not in PRECISIONS:

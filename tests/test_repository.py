@@ -255,3 +255,23 @@ def test_an_onnx_runtime_model_serves_its_gated_variant_in_both_targets(tmp_path
     sidecar["validation"]["variants"]["model.int8.onnx"].update(passes_gate=False, why="labels")
     (failed / "model.json").write_text(json.dumps(sidecar))
     assert served(failed) == ("model.onnx", "model.onnx")
+
+
+def test_tts_vits_serves_its_gated_int8_variant_on_the_cpu(embedded_repository: Path) -> None:
+    """tts_vits's INT8 Q/DQ graph, built and gated with the export (WER through Whisper,
+    per-phoneme durations, sentence lengths against FP32): the embedded runner serves it
+    while the sidecar says it passed; the gate's verdict follows its own figures."""
+    from export.registry import ensure_all
+    from export.tts import int8
+
+    artifact = ensure_all(["tts_vits"])["tts_vits"]
+    record = Sidecar.load(artifact).validation["variants"][int8.VARIANT_FILE]
+    assert (artifact / int8.CALIBRATION_FILE).is_file()
+    assert record["passes_gate"] == (
+        record["wer"]["int8"] <= record["wer"]["fp32"] + int8.MAX_WER_RISE
+        and record["phoneme_duration_mad_ms"] <= int8.MAX_PHONEME_MS
+        and record["max_length_change"] <= int8.MAX_LENGTH_CHANGE
+    )
+    served = parse_config(embedded_repository / "tts_vits" / "config.pbtxt")
+    expected = int8.VARIANT_FILE if record["passes_gate"] else "model.onnx"
+    assert served.parameters["onnx_file"].string_value == expected

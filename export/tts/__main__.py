@@ -2,7 +2,8 @@
 size, real-time factor and word error rate of the FP32 / FP16 / INT8 variants.
 
 The command lives here, not in recipe.py: the report imports the variants, which import the
-recipe, so the recipe must not import the report.
+recipe, so the recipe must not import the report (the INT8 gate's measures are in
+intelligibility.py, which both use).
 """
 
 from __future__ import annotations

@@ -37,6 +37,7 @@ from export.common import (
     onnx_session,
     worst,
 )
+from export.tts.int8 import VARIANT_FILE, build_variant
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +175,12 @@ class VitsRecipe(ArtifactRecipe):
     """The packaged Piper voice (or another Piper espeak voice by path) as `tts_vits`."""
 
     name = "tts_vits"
-    code_files = (Path(__file__).with_name("graph.py"),)
+    code_files = (
+        Path(__file__).with_name("graph.py"),
+        Path(__file__).with_name("int8.py"),
+        Path(__file__).with_name("intelligibility.py"),
+        Path(__file__).parents[1] / "quantize.py",
+    )
 
     def __init__(self, source: Path | None = None):
         self.voice = Voice.from_onnx(source) if source else packaged_voice()
@@ -207,6 +213,8 @@ class VitsRecipe(ArtifactRecipe):
         (out_dir / "voice.onnx.json").write_bytes(
             source.with_name(source.name + ".json").read_bytes()
         )
+        if self.voice.onnx_path == packaged_voice().onnx_path:  # the gate's sentences: English
+            validation["variants"] = {VARIANT_FILE: build_variant(out_dir)}
         inputs, outputs = describe_onnx(path)
         remaining = op_report(model)
         return Sidecar(

@@ -1,11 +1,9 @@
-"""FP16 and INT8 (Q/DQ) variants of the `tts_vits` graph, as cached artifact recipes.
+"""The FP16 variant of the `tts_vits` graph, as a cached artifact recipe (the INT8 Q/DQ
+variant is built and gated with the export itself: export/tts/int8.py).
 
 FP16: every float tensor in half precision except the graph's inputs/outputs (kept FP32,
-so the Triton config is the same) and the ops listed in FP16_KEEP_FP32.
-INT8: static Q/DQ quantisation (TensorRT's explicit-precision format) of Conv,
-ConvTranspose and MatMul, per-channel symmetric weights and symmetric activations,
-calibrated with MinMax on CALIBRATION_SENTENCES (fixed seeds: reproducible).
-Neither is the served default unless it keeps quality: `python -m export.tts --report`.
+so the Triton config is the same) and the ops listed in FP16_KEEP_FP32. Not served:
+`python -m export.tts --report` measures it.
 """
 
 from __future__ import annotations
@@ -13,29 +11,18 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import numpy as np
-
 from avatar.sidecar import Sidecar, sha256_file
 from avatar.tts.phonemes import Phonemizer, prepare
 from avatar.tts.synth import Controls, batch_inputs
 from avatar.tts.voice import packaged_voice
 from export.common import ArtifactRecipe, describe_onnx, ensure, onnx_session
-from export.quantize import quantize_qdq
 from export.tts.recipe import VitsRecipe
 
 log = logging.getLogger(__name__)
 
-PRECISIONS = ("fp16", "int8")
+PRECISIONS = ("fp16",)
 # The duration predictor's spline flow and the length arithmetic stay FP32.
 FP16_KEEP_FP32 = ["Range", "CumSum", "NonZero", "Softplus", "Exp", "Ceil", "ReduceSum", "Pow"]
-CALIBRATION_SENTENCES = (
-    "Calibration uses sentences that the word error rate does not.",
-    "The orchestra tuned their instruments before the concert began.",
-    "Can you tell me where the train station is, please?",
-    "Seventeen small boats were anchored in the quiet harbour.",
-    "Wow! That was the loudest thunder I have ever heard.",
-    "Our meeting moved to half past three on Wednesday afternoon.",
-)
 
 
 def _fp16(source: Path, out: Path) -> None:
@@ -59,26 +46,12 @@ def _fp16(source: Path, out: Path) -> None:
     onnx.save(model, str(out))
 
 
-def _calibration_feeds() -> list[dict[str, np.ndarray]]:
-    """One feed per chunk of CALIBRATION_SENTENCES."""
-    voice = packaged_voice()
-    phonemizer = Phonemizer(voice.config)
-    controls = Controls.defaults(voice.config, seed=99)
-    chunks = [c for s in CALIBRATION_SENTENCES for c in prepare(s, phonemizer).chunks]
-    return [batch_inputs([c.ids], [controls]) for c in chunks]
-
-
-def _int8(source: Path, out: Path) -> None:
-    quantize_qdq(source, out, _calibration_feeds(), ops=["Conv", "ConvTranspose", "MatMul"])
-
-
 class VitsVariantRecipe(ArtifactRecipe):
-    """`tts_vits` in FP16 or INT8; same inputs and outputs as the FP32 export."""
+    """`tts_vits` in FP16; same inputs and outputs as the FP32 export."""
 
     code_files = (
         Path(__file__).with_name("recipe.py"),
         Path(__file__).with_name("graph.py"),
-        Path(__file__).parents[1] / "quantize.py",
     )
 
     def __init__(self, precision: str):
@@ -93,10 +66,10 @@ class VitsVariantRecipe(ArtifactRecipe):
 
     def build(self, out_dir: Path) -> Sidecar:
         path = out_dir / "model.onnx"
-        (_fp16 if self.precision == "fp16" else _int8)(self.fp32 / "model.onnx", path)
+        _fp16(self.fp32 / "model.onnx", path)
         session = onnx_session(path)  # loads: a broken graph fails here
         voice = packaged_voice()
-        chunk = prepare(CALIBRATION_SENTENCES[0], Phonemizer(voice.config)).chunks[0]
+        chunk = prepare("A short check that the graph runs.", Phonemizer(voice.config)).chunks[0]
         names = [o.name for o in session.get_outputs()]
         session.run(names, batch_inputs([chunk.ids], [Controls.defaults(voice.config)]))
         inputs, outputs = describe_onnx(path)

@@ -1,0 +1,134 @@
+"""INT8 Q/DQ variant of `tts_vits`, built with each export and gated by what users hear.
+
+Quantisation (`export.quantize`): Conv, ConvTranspose and MatMul, per-channel symmetric INT8
+weights, symmetric INT8 activations (TensorRT's explicit-precision form), MinMax on the
+chunks of CALIBRATION_SENTENCES with fixed noise (seed 99): reproducible; the sentences are
+recorded in calibration.json beside the variant.
+
+Gate on the 24 held-out WER_SENTENCES (never used for calibration), FP32 and INT8 from the
+same noise (seed 1234):
+- intelligibility: word error rate of the packaged Whisper base (faster-whisper) at most
+  MAX_WER_RISE above FP32's;
+- timing: per-phoneme duration within MAX_PHONEME_MS of FP32's on average (the model's own
+  duration unit is one 256-sample frame, 11.6 ms), and every sentence's length within
+  MAX_LENGTH_CHANGE of FP32's.
+The real-time factor of both (1 thread, batch 1 and 8, alternated, median of 3 rounds) is
+recorded with it; the `tts_vits` config serves the variant on the CPU where it passes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+from pathlib import Path
+
+import numpy as np
+
+from avatar.tts.phonemes import Phonemizer, prepare
+from avatar.tts.synth import Controls, Synthesizer, batch_inputs, onnx_infer
+from avatar.tts.voice import packaged_voice
+from export.common import onnx_session
+from export.quantize import quantize_qdq
+from export.tts.intelligibility import WER_SENTENCES, rtf, transcriber, word_errors
+
+log = logging.getLogger(__name__)
+
+VARIANT_FILE = "model.int8.onnx"
+CALIBRATION_FILE = "calibration.json"
+CALIBRATION_SENTENCES = (
+    "Calibration uses sentences that the word error rate does not.",
+    "The orchestra tuned their instruments before the concert began.",
+    "Can you tell me where the train station is, please?",
+    "Seventeen small boats were anchored in the quiet harbour.",
+    "Wow! That was the loudest thunder I have ever heard.",
+    "Our meeting moved to half past three on Wednesday afternoon.",
+)
+MAX_WER_RISE = 0.01  # 1 point absolute
+MAX_PHONEME_MS = 12.0  # mean |duration difference| per phoneme: about one model frame
+MAX_LENGTH_CHANGE = 0.05  # of a sentence's audio length
+ROUNDS = 3
+
+
+def quantize(source: Path, out: Path) -> None:
+    """`source` (the FP32 export) -> INT8 Q/DQ `out`, calibrated on CALIBRATION_SENTENCES."""
+    voice = packaged_voice()
+    phonemizer = Phonemizer(voice.config)
+    controls = Controls.defaults(voice.config, seed=99)
+    chunks = [c for s in CALIBRATION_SENTENCES for c in prepare(s, phonemizer).chunks]
+    feeds = [batch_inputs([c.ids], [controls]) for c in chunks]
+    quantize_qdq(source, out, feeds, ops=["Conv", "ConvTranspose", "MatMul"])
+
+
+def gate(fp32_path: Path, int8_path: Path) -> dict:
+    """The gate's figures and verdict, and both graphs' real-time factors, as a record."""
+    voice = packaged_voice()
+    phonemizer = Phonemizer(voice.config)
+    chunks = [c for t in WER_SENTENCES for c in prepare(t, phonemizer).chunks]
+    if len(chunks) != len(WER_SENTENCES):
+        raise ValueError("every WER sentence must be one chunk (compared sentence by sentence)")
+    controls = Controls.defaults(voice.config, seed=1234)
+    transcribe = transcriber()
+    synths, results, wer = {}, {}, {}
+    for name, path in (("fp32", fp32_path), ("int8", int8_path)):
+        synths[name] = Synthesizer(phonemizer, onnx_infer(onnx_session(path)))
+        results[name] = [synths[name].synthesize_chunks([c], controls)[0] for c in chunks]
+        errors = [
+            word_errors(text, transcribe(r.audio, r.sample_rate))
+            for text, r in zip(WER_SENTENCES, results[name], strict=True)
+        ]
+        wer[name] = sum(e for e, _ in errors) / sum(n for _, n in errors)
+    pairs = list(zip(results["fp32"], results["int8"], strict=True))
+    phoneme_ms = 1000 * float(
+        np.mean(
+            np.concatenate([np.abs((a.ends - a.starts) - (b.ends - b.starts)) for a, b in pairs])
+        )
+    )
+    length = max(abs(b.audio.size / a.audio.size - 1.0) for a, b in pairs)
+    failures = []
+    if wer["int8"] > wer["fp32"] + MAX_WER_RISE:
+        failures.append(f"WER {wer['int8']:.3f} > FP32 {wer['fp32']:.3f} + {MAX_WER_RISE}")
+    if phoneme_ms > MAX_PHONEME_MS:
+        failures.append(f"phoneme duration |diff| {phoneme_ms:.1f} ms > {MAX_PHONEME_MS}")
+    if length > MAX_LENGTH_CHANGE:
+        failures.append(f"a sentence's length changed by {length:.1%} > {MAX_LENGTH_CHANGE:.0%}")
+    speed: dict[str, dict[str, float]] = {}
+    for batch in (1, 8):
+        rounds: dict[str, list[float]] = {"fp32": [], "int8": []}
+        for _ in range(ROUNDS):
+            for name, values in rounds.items():
+                values.append(rtf(synths[name], chunks, controls, batch))
+        fp32, int8 = (statistics.median(rounds[n]) for n in ("fp32", "int8"))
+        speed[f"batch_{batch}"] = {"fp32_rtf": round(fp32, 4), "int8_rtf": round(int8, 4),
+                                   "speedup": round(fp32 / int8, 2)}  # fmt: skip
+    passes = not failures
+    return {
+        "passes_gate": passes,
+        "why": (
+            f"WER {wer['int8']:.3f} vs FP32 {wer['fp32']:.3f} (at most +{MAX_WER_RISE}), "
+            f"phoneme duration |diff| {phoneme_ms:.1f} ms (<= {MAX_PHONEME_MS}), sentence "
+            f"length within {length:.1%} (<= {MAX_LENGTH_CHANGE:.0%})"
+            if passes
+            else "; ".join(failures)
+        ),
+        "sentences": len(WER_SENTENCES),
+        "wer": {k: round(v, 4) for k, v in wer.items()},
+        "phoneme_duration_mad_ms": round(phoneme_ms, 2),
+        "max_length_change": round(length, 4),
+        "rtf_1_thread": speed,
+        "faster": all(v["speedup"] > 1.0 for v in speed.values()),
+        "calibration": CALIBRATION_FILE,
+    }
+
+
+def build_variant(out_dir: Path) -> dict:
+    """model.onnx in `out_dir` -> model.int8.onnx + calibration.json; returns the gate record."""
+    out_dir = Path(out_dir)
+    (out_dir / CALIBRATION_FILE).write_text(
+        json.dumps({"method": "MinMax", "seed": 99, "sentences": CALIBRATION_SENTENCES}, indent=1)
+    )
+    quantize(out_dir / "model.onnx", out_dir / VARIANT_FILE)
+    record = gate(out_dir / "model.onnx", out_dir / VARIANT_FILE)
+    verdict = "passes its gate" if record["passes_gate"] else "fails its gate"
+    log.info("tts_vits %s: %s (%s)", VARIANT_FILE, verdict, record["why"])
+    return record

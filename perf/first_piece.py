@@ -47,16 +47,15 @@ def run(settings=SETTINGS, rounds: int = 2, max_tokens: int = 64) -> dict:
     from avatar.tts.voice import packaged_voice
     from export.common import onnx_session
     from export.registry import ensure_all
+    from perf.inputs import served_onnx
 
     art = ensure_all(["llm_decoder", "tts_vits"])
     decoder, tokenizer = (
-        OrtDecoder(art["llm_decoder"] / "model.onnx"),
+        OrtDecoder(served_onnx("llm_decoder")),
         Tokenizer(art["llm_decoder"]),
     )
     voice = packaged_voice()
-    synth = Synthesizer(
-        Phonemizer(voice.config), onnx_infer(onnx_session(art["tts_vits"] / "model.onnx"))
-    )
+    synth = Synthesizer(Phonemizer(voice.config), onnx_infer(onnx_session(served_onnx("tts_vits"))))
     engines = {
         n: ChatEngine(
             decoder,

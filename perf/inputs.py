@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -66,6 +67,17 @@ def _artifact(name: str):
     from export.registry import ensure_all
 
     return ensure_all([name])[name]
+
+
+def served_onnx(name: str) -> Path:
+    """The ONNX file the embedded server runs for `name` (`model.onnx`, or the INT8 variant
+    its config names while the variant's gate passes): in-process sides of a side-by-side
+    run the same graph as Triton."""
+    from avatar.serving.deployment import SOURCE_REPOSITORY
+    from avatar.serving.repository import onnx_variant, parse_config
+
+    folder = _artifact(name)
+    return folder / onnx_variant(parse_config(SOURCE_REPOSITORY / name / "config.pbtxt"), folder)
 
 
 # --------------------------------------------------------------------------- native models
@@ -138,7 +150,7 @@ def renderer_samples(count: int = 32) -> list[Sample]:
     from export.common import onnx_session
 
     voice = packaged_voice()
-    session = onnx_session(_artifact("tts_vits") / "model.onnx")
+    session = onnx_session(served_onnx("tts_vits"))
     synth = Synthesizer(Phonemizer(voice.config), onnx_infer(session))
     (speech,) = list(synth.stream(REPLY_SENTENCES[1], Controls.defaults(voice.config)))[:1]
     timings = zip(speech.phonemes, speech.starts.tolist(), speech.ends.tolist(), strict=True)

@@ -117,9 +117,10 @@ def _engine(folder: Path):
     from avatar.llm.decoder import OrtDecoder
     from avatar.llm.engine import ChatEngine, EngineConfig
     from avatar.llm.tokenizer import Tokenizer
+    from perf.inputs import served_onnx
 
     engine = ChatEngine(
-        OrtDecoder(folder / "model.onnx", threads=1), Tokenizer(folder), EngineConfig()
+        OrtDecoder(served_onnx("llm_decoder"), threads=1), Tokenizer(folder), EngineConfig()
     )
     engine.scheduler.start()
     return engine

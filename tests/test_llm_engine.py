@@ -52,7 +52,23 @@ def test_verification_record(artifact):
         record = validation["greedy_vs_pytorch"][label]
         assert record["prompts"] >= 20 and record["tokens"] >= 32
         assert record["exact"] == record["prompts"]
-    assert validation["default_variant"] == "model.onnx" and "variants" not in validation
+    assert validation["default_variant"] == "model.onnx"
+
+
+def test_int8_variant_gate(artifact):
+    """The 8-bit weight-only variant built with every export: its gate (held-out perplexity,
+    first tokens) follows its recorded figures; agreement and speed are recorded beside."""
+    from export.llm import recipe
+
+    record = Sidecar.load(artifact).validation["variants"][recipe.INT8_FILE]
+    assert (artifact / recipe.INT8_FILE).is_file()
+    rise = record["perplexity"]["int8"] / record["perplexity"]["fp32"] - 1
+    first = record["batch1"]["first_token"] / record["batch1"]["prompts"]
+    assert record["passes_gate"] == (
+        rise <= recipe.MAX_PERPLEXITY_RISE and first >= recipe.MIN_FIRST_TOKEN
+    )
+    assert record["heldout_tokens"] > 500 and record["first_sentence_same"].endswith("/20")
+    assert set(record["step_ms_1_thread"]) == {"batch_1", "batch_8"}
 
 
 @pytest.mark.slow

@@ -11,6 +11,8 @@ import threading
 import numpy as np
 import pytest
 
+from perf.inputs import served_onnx
+
 pytestmark = pytest.mark.server
 LLM_MODELS = ("llm", "llm_decoder")
 GREEDY = {"temperature": 0, "max_tokens": 40}
@@ -128,7 +130,12 @@ def test_concurrent_streams_all_complete(grpc_url):
     for q in questions:
         responses, error = results[q]
         assert error is None and responses[-1]["finish_reason"] in ("stop", "length"), q
-    assert "".join(r["text"] for r in results[questions[0]][0]) == "".join(r["text"] for r in alone)
+    together = "".join(r["text"] for r in results[questions[0]][0])
+    assert together.strip() and "".join(r["text"] for r in alone).strip()
+    if served_onnx("llm_decoder").name == "model.onnx":
+        # FP32 rows do not depend on their batch; the INT8 variant's int8 compute rounds a
+        # row differently in a batch (its gate record: greedy rows alone vs in 5s)
+        assert together == "".join(r["text"] for r in alone)
 
 
 def test_cancelled_stream_leaves_model_serving(grpc_url):
@@ -218,13 +225,13 @@ def decoder_step(url: str, sequence_id: int, ids: list[int], past: int, *, start
 
 def test_llm_decoder_keeps_each_sequences_kv_cache(grpc_url):
     """Two interleaved sequences stepped with token ids only give the greedy tokens the
-    in-process decoder gives with the whole cache passed in (export/llm verified that)."""
+    in-process decoder gives with the whole cache passed in (export/llm verified that), on
+    the graph the server runs (the INT8 variant while its gate passes)."""
     from avatar.llm.decoder import OrtDecoder, greedy
-    from export.registry import ensure_all
 
-    folder = ensure_all(["llm_decoder"])["llm_decoder"]
+    decoder = OrtDecoder(served_onnx("llm_decoder"))
     prompts = {7001: [1, 504, 3458, 282, 4649, 314], 7002: [1, 17830, 28, 638, 359, 346]}
-    expected = {k: greedy(OrtDecoder(folder / "model.onnx"), [p], 6)[0] for k, p in prompts.items()}
+    expected = {k: greedy(decoder, [p], 6)[0] for k, p in prompts.items()}
     tokens = {k: [] for k in prompts}
     for k, prompt in prompts.items():
         logits, error = decoder_step(grpc_url, k, prompt, 0, start=True)

@@ -4,9 +4,11 @@
     python -m export.llm --report        # figures: ms/step at batch 1/4/8, agreement, TTFT
     python -m export.llm --checkpoint PATH   # any Llama/Qwen chat checkpoint (.gguf or folder)
 
-The artifact folder holds `model.onnx` (fp32, the default: greedy tokens equal PyTorch's),
-`model_int4.onnx` (MatMulNBits 4-bit weights, reported, default only if it passes the
-gate), the tokenizer files with the chat template, and `model.json` (sidecar).
+The artifact folder holds `model.onnx` (fp32: greedy tokens equal PyTorch's),
+`model.int8.onnx` (MatMulNBits 8-bit weights, built and gated with every export; the
+embedded CPU runner serves it while its gate passes: INT8_GATE below),
+`model_int4.onnx` (4-bit, on request, reported), the tokenizer files with the chat
+template, and `model.json` (sidecar).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import logging
 import shutil
 import tempfile
 from pathlib import Path
+
+import numpy as np
 
 from avatar.llm.decoder import OrtDecoder
 from avatar.sidecar import Sidecar, sha256_file
@@ -34,7 +38,16 @@ TOKENIZER_FILES = (
     "generation_config.json",
 )
 INT4_BLOCK = 32
-VARIANT_GATE = 0.9  # fraction of prompts whose 32 greedy tokens must equal fp32's
+VARIANT_GATE = 0.9  # int4: fraction of prompts whose 32 greedy tokens must equal fp32's
+INT8_FILE = "model.int8.onnx"
+# The INT8 gate measures the task: the model's perplexity on held-out text (is it a worse
+# language model?) and the first token of each persona reply (does the avatar start its
+# answers the same way?). Greedy 32-token identity and first-sentence identity are recorded,
+# not gated: replies are sampled (temperature 0.7, top-p 0.9), so a continuation that parts
+# at a near-tie is as good an answer, and FP32's own batched path parts there too on the
+# server (docs/performance.md 3: 25/30 identical replies).
+MAX_PERPLEXITY_RISE = 0.01  # relative, on the held-out paragraphs
+MIN_FIRST_TOKEN = 0.95  # of the persona prompts, greedy, batch 1
 
 
 class LlmDecoderRecipe(ArtifactRecipe):
@@ -127,17 +140,76 @@ class LlmDecoderRecipe(ArtifactRecipe):
             reference, fp32, prompts, self.new_tokens, pad
         )
         validation["default_variant"] = "model.onnx"
+        validation["variants"] = {INT8_FILE: self._int8(out_dir, fp32, tokenizer, prompts)}
         if self.int4:
-            validation["variants"] = {"model_int4.onnx": self._int4(out_dir, fp32, prompts, pad)}
+            validation["variants"]["model_int4.onnx"] = self._int4(out_dir, fp32, prompts, pad)
             if validation["variants"]["model_int4.onnx"]["passes_gate"]:
                 validation["default_variant"] = "model_int4.onnx"
         return validation
+
+    def _int8(self, out_dir: Path, fp32: OrtDecoder, tokenizer, prompts) -> dict:
+        """8-bit weight-only variant, gated on held-out perplexity and first tokens; greedy
+        and first-sentence agreement and the decode step's speed recorded beside."""
+        from training.emotion.train import load_sentences
+
+        path = out_dir / INT8_FILE
+        quantize_weights(out_dir / "model.onnx", path, bits=8)
+        int8 = OrtDecoder(path)
+        record: dict = {"quantization": "MatMulNBits 8-bit, asymmetric, blocks of 32, int8 "
+                        "compute (accuracy level 4); lm_head fp32"}  # fmt: skip
+        pad = tokenizer.pad_id
+        rows = {}
+        for label, batch in (("batch1", 1), ("batch5_left_padded", 5)):
+            ref = verify.greedy_rows(fp32, prompts, self.new_tokens, batch, pad)
+            got = rows[batch] = verify.greedy_rows(int8, prompts, self.new_tokens, batch, pad)
+            record[label] = dataclasses.asdict(verify.Agreement.of(ref, got))
+            if batch == 1:
+                same = [
+                    verify.first_sentence(tokenizer.decode(a))
+                    == verify.first_sentence(tokenizer.decode(b))
+                    for a, b in zip(ref, got, strict=True)
+                ]
+                record["first_sentence_same"] = f"{sum(same)}/{len(same)}"
+        # int8 compute rounds a row differently alone and in a batch (FP32 rows do not
+        # depend on their batch): recorded, so a deployment that needs batch-independent
+        # greedy replies knows to serve model.onnx
+        record["rows_independent"] = dataclasses.asdict(verify.Agreement.of(rows[1], rows[5]))
+        texts = load_sentences()["heldout"][0]  # 105 sentences the LLM was not tuned on
+        held = [tokenizer.encode(" ".join(texts[i : i + 5])) for i in range(0, len(texts), 5)]
+        perplexity = {"fp32": verify.perplexity(fp32, held), "int8": verify.perplexity(int8, held)}
+        record["perplexity"] = {k: round(v, 3) for k, v in perplexity.items()}
+        record["heldout_tokens"] = sum(len(r) for r in held)
+        speed = {}
+        for batch in (1, 8):
+            runs = {"fp32": [], "int8": []}
+            for _ in range(3):  # alternated: the same machine load for both
+                runs["fp32"].append(verify.step_ms(fp32, batch))
+                runs["int8"].append(verify.step_ms(int8, batch))
+            fp32_ms, int8_ms = (float(np.median(runs[k])) for k in ("fp32", "int8"))
+            speed[f"batch_{batch}"] = {"fp32_ms": round(fp32_ms, 1), "int8_ms": round(int8_ms, 1),
+                                       "speedup": round(fp32_ms / int8_ms, 2)}  # fmt: skip
+        record["step_ms_1_thread"] = speed
+        first = record["batch1"]["first_token"] / record["batch1"]["prompts"]
+        rise = perplexity["int8"] / perplexity["fp32"] - 1.0
+        failures = []
+        if rise > MAX_PERPLEXITY_RISE:
+            failures.append(f"perplexity +{rise:.2%} > +{MAX_PERPLEXITY_RISE:.0%}")
+        if first < MIN_FIRST_TOKEN:
+            failures.append(f"first tokens as FP32 {first:.2f} < {MIN_FIRST_TOKEN}")
+        record["passes_gate"] = not failures
+        record["why"] = "; ".join(failures) or (
+            f"perplexity {perplexity['int8']:.2f} vs FP32 {perplexity['fp32']:.2f} "
+            f"({rise:+.2%}, at most +{MAX_PERPLEXITY_RISE:.0%}), first tokens as FP32 "
+            f"{first:.2f} (>= {MIN_FIRST_TOKEN})"
+        )
+        log.info("int8 variant: %s (%s)", "passes" if not failures else "fails", record["why"])
+        return record
 
     def _int4(self, out_dir: Path, fp32: OrtDecoder, prompts, pad: int) -> dict:
         """4-bit weight-only variant: agreement with fp32 ORT (batch 1 and padded batch),
         row independence (batched rows equal its own batch-1 rows), and gate."""
         path = out_dir / "model_int4.onnx"
-        quantize_int4(out_dir / "model.onnx", path)
+        quantize_weights(out_dir / "model.onnx", path, bits=4)
         int4 = OrtDecoder(path)
         record = verify.check_tokens(fp32, int4, prompts, self.new_tokens, pad, gate=False)
         alone = verify.greedy_rows(int4, prompts, self.new_tokens, 1, pad)
@@ -151,19 +223,25 @@ class LlmDecoderRecipe(ArtifactRecipe):
         return record
 
 
-def quantize_int4(source: Path, target: Path, block: int = INT4_BLOCK) -> None:
-    """MatMul weights -> MatMulNBits: 4-bit, asymmetric, blocks of 32 along the input axis
-    (the grid of the GGUF's Q4_1), int8 compute (accuracy level 4: fastest on CPU); the
-    tied lm_head stays fp32. Measured alternatives (20 prompts x 32 tokens, exact / first
-    token agreement with fp32): symmetric 0/20, 12/20; asymmetric fp32 compute 0/20, 13/20
-    and slower than fp32; this one 0/20, 14/20 and ~1.8x faster at batch 1."""
+def quantize_weights(source: Path, target: Path, bits: int, block: int = INT4_BLOCK) -> None:
+    """MatMul weights -> MatMulNBits: `bits`-bit, asymmetric, blocks of 32 along the input
+    axis (the grid of the GGUF's Q4_1), int8 compute (accuracy level 4: fastest on CPU); the
+    tied lm_head stays fp32. 4-bit alternatives measured (20 prompts x 32 tokens, exact /
+    first token agreement with fp32): symmetric 0/20, 12/20; asymmetric fp32 compute 0/20,
+    13/20 and slower than fp32; this one 0/20, 14/20 and ~1.8x faster at batch 1. 8-bit with
+    fp32 compute (accuracy level 1): 12/20 exact but 5x slower than fp32."""
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     model = onnx.load(str(source))
     lm_head = [n.name for n in model.graph.node if n.op_type == "MatMul" and "lm_head" in n.name]
     quantizer = MatMulNBitsQuantizer(
-        model, block_size=block, is_symmetric=False, accuracy_level=4, nodes_to_exclude=lm_head
+        model,
+        bits=bits,
+        block_size=block,
+        is_symmetric=False,
+        accuracy_level=4,
+        nodes_to_exclude=lm_head,
     )
     quantizer.process()
     quantizer.model.save_model_to_file(str(target), use_external_data_format=False)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -220,3 +221,24 @@ def step_ms(decoder: Decoder, batch: int, past_len: int = 64, steps: int = 12) -
         decoder.step(ids, mask, pos, past)
         times.append((time.perf_counter() - started) * 1000)
     return float(np.median(times[2:]))
+
+
+def perplexity(decoder: Decoder, rows: Sequence[Sequence[int]]) -> float:
+    """exp(mean next-token negative log-likelihood) over token rows, each one prefill."""
+    total, count = 0.0, 0
+    for row in rows:
+        ids = np.asarray([row], np.int64)
+        mask = np.ones_like(ids)
+        logits, _ = decoder.step(ids, mask, positions(mask, ids.shape[1]), decoder.layout.empty(1))
+        scores = logits[0, :-1].astype(np.float64)
+        scores -= scores.max(axis=-1, keepdims=True)
+        scores -= np.log(np.exp(scores).sum(axis=-1, keepdims=True))
+        total -= float(scores[np.arange(len(row) - 1), np.asarray(row[1:])].sum())
+        count += len(row) - 1
+    return float(np.exp(total / count))
+
+
+def first_sentence(text: str) -> list[str]:
+    """The words of a text's first sentence, lower case, without punctuation."""
+    head = re.split(r"(?<=[.!?])\s", text.strip(), maxsplit=1)[0]
+    return re.sub(r"[^a-z0-9' ]", " ", head.lower()).split()

@@ -156,7 +156,8 @@ class LlmDecoderRecipe(ArtifactRecipe):
         quantize_weights(out_dir / "model.onnx", path, bits=8)
         int8 = OrtDecoder(path)
         record: dict = {"quantization": "MatMulNBits 8-bit, asymmetric, blocks of 32, int8 "
-                        "compute (accuracy level 4); lm_head fp32"}  # fmt: skip
+                        "compute (accuracy level 4); lm_head fp32",
+                        "tensorrt": False}  # fmt: skip  # MatMulNBits: ONNX Runtime only
         pad = tokenizer.pad_id
         rows = {}
         for label, batch in (("batch1", 1), ("batch5_left_padded", 5)):

@@ -195,7 +195,8 @@ def int8_variants(sidecar: Sidecar) -> dict[str, bool]:
     return {
         name: bool(record.get("passes_gate"))
         for name, record in variants.items()
-        if "int8" in name and isinstance(record, dict)
+        # not an ONNX Runtime-only form (the LLM's MatMulNBits weights)
+        if "int8" in name and isinstance(record, dict) and record.get("tensorrt", True)
     }
 
 

@@ -44,10 +44,15 @@ async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"ready": True})
 
 
+def missing_rig_files(folder: Path) -> list[str]:
+    """The files of PORTRAIT_FILES a rig folder lacks ([] when the page can draw it)."""
+    return [name for name in PORTRAIT_FILES if not (Path(folder) / name).is_file()]
+
+
 async def portrait_info(request: web.Request) -> web.Response:
     """Whether the page can draw the photo portrait, and where its two files are."""
     folder = request.app[PORTRAIT]
-    available = folder is not None and all((folder / f).is_file() for f in PORTRAIT_FILES)
+    available = folder is not None and not missing_rig_files(folder)
     body: dict = {"available": available}
     if available:
         body.update({name.split(".")[0]: f"/portrait/{name}" for name in PORTRAIT_FILES})
@@ -130,7 +135,7 @@ def run(
 ) -> None:
     log.info("gateway on http://%s:%d -> Triton %s", host, port, triton_url)
     if portrait is not None:
-        missing = [f for f in PORTRAIT_FILES if not (Path(portrait) / f).is_file()]
+        missing = missing_rig_files(portrait)
         if missing:  # served anyway: /portrait/info says unavailable, the page draws a cartoon
             log.warning("portrait %s lacks %s: the page will draw its cartoon", portrait, missing)
         else:

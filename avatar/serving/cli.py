@@ -22,7 +22,6 @@ log = logging.getLogger("avatar")
 DEFAULT_BUILD = PROJECT_ROOT / "build"
 # The model whose artifact folder also holds the page's portrait rig (export/portrait)
 PORTRAIT_MODEL = "portrait_renderer"
-PORTRAIT_FILES = ("rig.json", "photo.png")
 
 
 def _materialize(args: argparse.Namespace) -> int:
@@ -89,9 +88,10 @@ def _portrait_rig(served: Iterable[str]) -> Path | None:
         log.info("%s is not served: the live page draws its cartoon face", PORTRAIT_MODEL)
         return None
     from export.registry import ensure_all
+    from gateway.app import missing_rig_files
 
     folder = ensure_all([PORTRAIT_MODEL])[PORTRAIT_MODEL]
-    missing = [name for name in PORTRAIT_FILES if not (folder / name).is_file()]
+    missing = missing_rig_files(folder)
     if missing:
         log.warning("%s has no %s: the live page draws its cartoon face", folder, missing)
         return None

@@ -81,8 +81,6 @@ class Rig:
     mouth_box: tuple[int, int, int, int]  # x0, y0, x1, y1: where the interior can appear
     rest_gap: float  # px between the inner lips in the photo (no interior drawn below it)
 
-    FILES = ("rig.npz", "photo.png", "rig.json")
-
     @property
     def size(self) -> int:
         return int(self.photo.shape[0])

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import statistics
 import time
 from pathlib import Path
 
@@ -34,7 +33,7 @@ import numpy as np
 from avatar.animation.emotion_classifier import EmotionClassifier, SentenceTokenizer
 from avatar.animation.tables import EMOTIONS
 from export.common import onnx_session
-from export.quantize import linear_nodes, quantize_qdq
+from export.quantize import linear_nodes, quantize_qdq, side_by_side
 
 log = logging.getLogger(__name__)
 
@@ -46,21 +45,6 @@ ACCURACY_DROP = 0.02  # 2 of 105 held-out sentences
 MIN_AGREEMENT = 0.95
 MAX_INTENSITY_MAD = 0.05
 RUNS = 30
-
-
-def _median_ms(session, feed: dict[str, np.ndarray], other, other_feed) -> tuple[float, float]:
-    """Median ms of `session` and `other` on their feeds, calls alternated (same load)."""
-    session.run(None, feed)
-    other.run(None, other_feed)
-    mine, theirs = [], []
-    for _ in range(RUNS):
-        started = time.perf_counter()
-        session.run(None, feed)
-        mine.append(time.perf_counter() - started)
-        started = time.perf_counter()
-        other.run(None, other_feed)
-        theirs.append(time.perf_counter() - started)
-    return 1000 * statistics.median(mine), 1000 * statistics.median(theirs)
 
 
 def gate(fp32_path: Path, int8_path: Path) -> dict:
@@ -93,12 +77,15 @@ def gate(fp32_path: Path, int8_path: Path) -> dict:
         failures.append(f"labels as FP32 {agreement:.3f} < {MIN_AGREEMENT}")
     if intensity_mad > MAX_INTENSITY_MAD:
         failures.append(f"intensity mean |diff| {intensity_mad:.3f} > {MAX_INTENSITY_MAD}")
-    speed = {}
-    for batch in (1, 8):
+    sessions = {"fp32": s32, "int8": s8}
+
+    def call_ms(name: str, batch: int) -> float:
         feed = tokenize(list(texts[:batch]))
-        int8_ms, fp32_ms = _median_ms(s8, feed, s32, feed)
-        speed[f"batch_{batch}"] = {"fp32_ms": round(fp32_ms, 2), "int8_ms": round(int8_ms, 2),
-                                   "speedup": round(fp32_ms / int8_ms, 2)}  # fmt: skip
+        started = time.perf_counter()
+        sessions[name].run(None, feed)
+        return 1000 * (time.perf_counter() - started)
+
+    speed = side_by_side(call_ms, rounds=RUNS, warmup=True)
     passes = not failures
     return {
         "passes_gate": passes,

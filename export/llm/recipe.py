@@ -20,12 +20,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
 from avatar.llm.decoder import OrtDecoder
 from avatar.sidecar import Sidecar, sha256_file
 from export.common import ArtifactRecipe, describe_onnx, ensure
 from export.llm import convert, decoder_onnx, verify
+from export.quantize import side_by_side
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +58,7 @@ class LlmDecoderRecipe(ArtifactRecipe):
         Path(decoder_onnx.__file__),
         Path(verify.__file__),
         Path(__file__).parents[2] / "avatar" / "llm" / "decoder.py",
+        Path(__file__).parents[1] / "quantize.py",
     )
 
     def __init__(
@@ -180,15 +180,10 @@ class LlmDecoderRecipe(ArtifactRecipe):
         perplexity = {"fp32": verify.perplexity(fp32, held), "int8": verify.perplexity(int8, held)}
         record["perplexity"] = {k: round(v, 3) for k, v in perplexity.items()}
         record["heldout_tokens"] = sum(len(r) for r in held)
-        speed = {}
-        for batch in (1, 8):
-            runs = {"fp32": [], "int8": []}
-            for _ in range(3):  # alternated: the same machine load for both
-                runs["fp32"].append(verify.step_ms(fp32, batch))
-                runs["int8"].append(verify.step_ms(int8, batch))
-            fp32_ms, int8_ms = (float(np.median(runs[k])) for k in ("fp32", "int8"))
-            speed[f"batch_{batch}"] = {"fp32_ms": round(fp32_ms, 1), "int8_ms": round(int8_ms, 1),
-                                       "speedup": round(fp32_ms / int8_ms, 2)}  # fmt: skip
+        decoders = {"fp32": fp32, "int8": int8}
+        speed = side_by_side(
+            lambda name, batch: verify.step_ms(decoders[name], batch), rounds=3, digits=1
+        )
         record["step_ms_1_thread"] = speed
         first = record["batch1"]["first_token"] / record["batch1"]["prompts"]
         rise = perplexity["int8"] / perplexity["fp32"] - 1.0

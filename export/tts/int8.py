@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import logging
-import statistics
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +28,7 @@ from avatar.tts.phonemes import Phonemizer, prepare
 from avatar.tts.synth import Controls, Synthesizer, batch_inputs, onnx_infer
 from avatar.tts.voice import packaged_voice
 from export.common import onnx_session
-from export.quantize import quantize_qdq
+from export.quantize import quantize_qdq, side_by_side
 from export.tts.intelligibility import WER_SENTENCES, rtf, transcriber, word_errors
 
 log = logging.getLogger(__name__)
@@ -92,15 +91,12 @@ def gate(fp32_path: Path, int8_path: Path) -> dict:
         failures.append(f"phoneme duration |diff| {phoneme_ms:.1f} ms > {MAX_PHONEME_MS}")
     if length > MAX_LENGTH_CHANGE:
         failures.append(f"a sentence's length changed by {length:.1%} > {MAX_LENGTH_CHANGE:.0%}")
-    speed: dict[str, dict[str, float]] = {}
-    for batch in (1, 8):
-        rounds: dict[str, list[float]] = {"fp32": [], "int8": []}
-        for _ in range(ROUNDS):
-            for name, values in rounds.items():
-                values.append(rtf(synths[name], chunks, controls, batch))
-        fp32, int8 = (statistics.median(rounds[n]) for n in ("fp32", "int8"))
-        speed[f"batch_{batch}"] = {"fp32_rtf": round(fp32, 4), "int8_rtf": round(int8, 4),
-                                   "speedup": round(fp32 / int8, 2)}  # fmt: skip
+    speed = side_by_side(
+        lambda name, batch: rtf(synths[name], chunks, controls, batch),
+        rounds=ROUNDS,
+        unit="rtf",
+        digits=4,
+    )
     passes = not failures
     return {
         "passes_gate": passes,

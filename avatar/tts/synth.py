@@ -146,6 +146,23 @@ def phoneme_timings(
     return tuple(names), starts.astype(np.float32), ends.astype(np.float32)
 
 
+def joined(pieces: Sequence[SentenceAudio], text: str) -> SentenceAudio:
+    """Consecutive chunks of one text as one utterance: the audio concatenated, the phoneme
+    times (float64 seconds) counted from the first chunk's start."""
+    if not pieces:
+        raise ValueError(f"no audio to join for {text!r}")
+    offsets = np.cumsum([0.0] + [p.audio.size / p.sample_rate for p in pieces[:-1]])
+    shifted = list(zip(pieces, offsets, strict=True))
+    return SentenceAudio(
+        text=text,
+        audio=np.concatenate([p.audio for p in pieces]),
+        sample_rate=pieces[0].sample_rate,
+        phonemes=tuple(symbol for p in pieces for symbol in p.phonemes),
+        starts=np.concatenate([p.starts.astype(np.float64) + o for p, o in shifted]),
+        ends=np.concatenate([p.ends.astype(np.float64) + o for p, o in shifted]),
+    )
+
+
 class Synthesizer:
     """Text -> SentenceAudio per chunk, through an `infer` callable of the VITS graph."""
 

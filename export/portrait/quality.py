@@ -114,6 +114,7 @@ def tts_replies(texts: Sequence[str], fps: float = FPS) -> list[Reply]:
     """Piper (the tts_vits artifact under ONNX Runtime): audio and phoneme timings -> the
     animations, as the pipeline makes them. Builds the artifact when it is not cached."""
     from avatar.tts import Controls, Phonemizer, Synthesizer, onnx_infer, packaged_voice
+    from avatar.tts.synth import joined
     from export.common import ensure, onnx_session
     from export.tts.recipe import VitsRecipe
 
@@ -122,14 +123,12 @@ def tts_replies(texts: Sequence[str], fps: float = FPS) -> list[Reply]:
     synth = Synthesizer(Phonemizer(voice.config), onnx_infer(session))
     replies = []
     for text in texts:
-        timings, pieces, offset = [], [], 0.0
-        for chunk in synth.stream(text, Controls.defaults(voice.config)):
-            for symbol, start, end in zip(chunk.phonemes, chunk.starts, chunk.ends, strict=True):
-                timings.append((symbol, offset + float(start), offset + float(end)))
-            pieces.append(chunk.audio)
-            offset += len(chunk.audio) / voice.config.sample_rate
-        anim = animate(timings, AnimationConfig(fps=fps), text=text, duration=offset)
-        replies.append(Reply(text, anim, np.concatenate(pieces), voice.config.sample_rate))
+        pieces = list(synth.stream(text, Controls.defaults(voice.config)))
+        whole = joined(pieces, text)
+        timings = list(zip(whole.phonemes, whole.starts.tolist(), whole.ends.tolist(), strict=True))
+        duration = sum(p.audio.size / p.sample_rate for p in pieces)
+        anim = animate(timings, AnimationConfig(fps=fps), text=text, duration=duration)
+        replies.append(Reply(text, anim, whole.audio, whole.sample_rate))
     return replies
 
 

@@ -141,6 +141,7 @@ def cached_utterances(
 
 def speak(texts: list[str], variants: int, varied: bool) -> list[Utterance]:
     from avatar.tts import Phonemizer, Synthesizer, onnx_infer, packaged_voice
+    from avatar.tts.synth import joined
     from export.common import ensure, onnx_session
     from export.tts.recipe import VitsRecipe
 
@@ -149,16 +150,9 @@ def speak(texts: list[str], variants: int, varied: bool) -> list[Utterance]:
     out = []
     for i, text in enumerate(texts):
         for v in range(variants):
-            pieces = list(synth.stream(text, controls_for(i, v, varied)))
-            offset, phonemes, starts, ends = 0.0, [], [], []
-            for p in pieces:
-                phonemes += list(p.phonemes)
-                starts.append(p.starts.astype(np.float64) + offset)
-                ends.append(p.ends.astype(np.float64) + offset)
-                offset += p.audio.size / p.sample_rate
-            audio = np.concatenate([p.audio for p in pieces])
-            out.append(Utterance(text, audio, pieces[0].sample_rate, tuple(phonemes),
-                                 np.concatenate(starts), np.concatenate(ends)))  # fmt: skip
+            whole = joined(list(synth.stream(text, controls_for(i, v, varied))), text)
+            out.append(Utterance(text, whole.audio, whole.sample_rate, whole.phonemes,
+                                 whole.starts, whole.ends))  # fmt: skip
         if i % 20 == 0:
             log.info("synthesized %d/%d texts", i + 1, len(texts))
     return out

@@ -10,6 +10,7 @@ are dropped.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 
@@ -17,6 +18,7 @@ SAMPLE_RATE = 16000
 CHUNK = 512
 CONTEXT = 64
 STATE_SHAPE = (2, 128)
+OUTPUTS = ("speech_prob", "next_context", "next_state")
 CHUNK_S = CHUNK / SAMPLE_RATE
 
 
@@ -106,6 +108,22 @@ def speech_segments(
     return [
         Segment(a * CHUNK_S, b * CHUNK_S) for a, b in segments if (b - a) * CHUNK_S >= min_speech_s
     ]
+
+
+def speech_probabilities(
+    run: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]], audio: np.ndarray
+) -> np.ndarray:
+    """speech_prob per 512-sample chunk of `audio` [samples] (zero-padded to whole chunks), one
+    `run(inputs) -> outputs` call of the `vad` model per chunk, its state carried along."""
+    stream, probs = VadStream(), []
+    for chunk in chunks(audio):
+        probs.append(stream.update(run(stream.inputs(chunk[None]))))
+    return np.concatenate(probs) if probs else np.zeros(0, np.float32)
+
+
+def onnx_vad(session) -> Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]:
+    """`run` for `speech_probabilities` over an onnxruntime session of the `vad` model."""
+    return lambda feeds: dict(zip(OUTPUTS, session.run(list(OUTPUTS), feeds), strict=True))
 
 
 class Endpointer:

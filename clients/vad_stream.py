@@ -15,10 +15,9 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 from avatar.audio import read_wav, resample
-from avatar.vad import SAMPLE_RATE, Segment, VadStream, chunks, speech_segments
+from avatar.vad import OUTPUTS, SAMPLE_RATE, Segment, speech_probabilities, speech_segments
 
 log = logging.getLogger(__name__)
-OUTPUTS = ("speech_prob", "next_context", "next_state")
 
 
 def infer(client: grpcclient.InferenceServerClient, model: str, arrays: dict[str, np.ndarray]):
@@ -32,14 +31,10 @@ def infer(client: grpcclient.InferenceServerClient, model: str, arrays: dict[str
     return {name: result.as_numpy(name) for name in OUTPUTS}
 
 
-def speech_probabilities(url: str, audio: np.ndarray, model: str = "vad") -> np.ndarray:
+def served_probabilities(url: str, audio: np.ndarray, model: str = "vad") -> np.ndarray:
     """Per-32-ms speech probability of 16 kHz mono `audio`, one gRPC call per chunk."""
-    stream = VadStream()
-    probs = []
     with grpcclient.InferenceServerClient(url) as client:
-        for chunk in chunks(audio):
-            probs.append(stream.update(infer(client, model, stream.inputs(chunk[None])))[0])
-    return np.asarray(probs, np.float32)
+        return speech_probabilities(lambda feeds: infer(client, model, feeds), audio)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     audio, rate = read_wav(args.wav)
     audio = resample(audio, rate, SAMPLE_RATE)
     started = time.perf_counter()
-    probs = speech_probabilities(args.url, audio)
+    probs = served_probabilities(args.url, audio)
     elapsed = time.perf_counter() - started
     segments: list[Segment] = speech_segments(probs)
     log.info(

@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> None:
         "--no-speculate", action="store_true", help="the avatar model transcribes each turn"
     )
     parser.add_argument("--model", default="avatar", help="the turn model (decoupled)")
+    parser.add_argument("--asr-model", default="asr", help="the speculative transcripts' model")
     parser.add_argument(
         "--portrait",
         type=Path,
@@ -44,6 +45,7 @@ def main(argv: list[str] | None = None) -> None:
         end_silence_s=args.end_silence_s,
         speculate_after_s=None if args.no_speculate else args.speculate_after_s,
         model=args.model,
+        asr_model=args.asr_model,
         portrait=args.portrait,
     )
 

@@ -40,6 +40,7 @@ class SessionOptions:
     threshold: float = 0.5  # vad speech probability that starts speech
     silence_timeout_s: float = 60.0  # a turn silent this long is abandoned with an error
     model: str = "avatar"
+    asr_model: str = "asr"  # the speculative transcripts' model
     # Speculative ASR: transcribe at the first pause of this length, while the endpointer
     # still waits for end_silence_s; the turn then starts from the text at the end of
     # speech. Speech that resumes discards it. None: the avatar model transcribes.
@@ -234,7 +235,7 @@ class LiveSession:
         tensor = grpcclient.InferInput("audio", [1, len(audio)], "FP32")
         tensor.set_data_from_numpy(np.ascontiguousarray(audio, np.float32)[None])
         result = await self.client.infer(
-            "asr", [tensor], outputs=[grpcclient.InferRequestedOutput("text")]
+            self.options.asr_model, [tensor], outputs=[grpcclient.InferRequestedOutput("text")]
         )
         return result.as_numpy("text").reshape(-1)[0].decode("utf-8", "replace")
 

@@ -44,17 +44,6 @@ HALVES = (
 )
 
 
-def _probabilities(session, audio: np.ndarray) -> np.ndarray:
-    from avatar.vad import VadStream, chunks
-
-    stream, probs = VadStream(), []
-    names = [o.name for o in session.get_outputs()]
-    for chunk in chunks(audio):
-        outputs = dict(zip(names, session.run(names, stream.inputs(chunk[None])), strict=True))
-        probs.append(float(stream.update(outputs)[0]))
-    return np.array(probs)
-
-
 def endpoints(probs: np.ndarray, end_silence_s: float) -> tuple[int, float | None]:
     """(utterances cut before the last speech, delay in s of the final endpoint after the
     last speech chunk) for one question followed by silence."""
@@ -93,12 +82,13 @@ def material() -> dict[str, list[np.ndarray]]:
 
 
 def run(silences=SILENCES) -> list[dict]:
+    from avatar.vad import onnx_vad, speech_probabilities
     from export.common import onnx_session
     from export.registry import ensure_all
 
-    session = onnx_session(ensure_all(["vad"])["vad"] / "model.onnx")
+    run = onnx_vad(onnx_session(ensure_all(["vad"])["vad"] / "model.onnx"))
     probabilities = {
-        name: [_probabilities(session, a) for a in audios] for name, audios in material().items()
+        name: [speech_probabilities(run, a) for a in audios] for name, audios in material().items()
     }
     rows = []
     for silence in silences:

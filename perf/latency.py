@@ -15,12 +15,16 @@ of the clip's loudest), client side:
 - `first_token`, `first_sentence` (the LLM's first piece for TTS): the transcript's arrival
   + the server's own delays after the transcript (LLM stats, turn milestones).
 
-Both settings run against one server in one run, alternating per question, each through
+The settings run against one server in one run, alternating per question, each through
 its own gateway: `today` (the defaults: speculative ASR in the gateway, ASR windows in
-proportion to the audio, the first clause to TTS) and `release` (the first release:
-`avatar_release` over `asr_release` with 30-s windows and `llm_release` with whole
-sentences, no speculation), the copies materialised beside the other models. Results:
-build/perf/latency/ (CSV, JSON, markdown, PNG).
+proportion to the audio, the first clause to TTS, the INT8 variants that passed their gates
+on the CPU), `release` (the first release: `avatar_release` over `asr_release` with 30-s
+windows and `llm_release` with whole sentences, no speculation) and `fp32` (today's settings
+with the FP32 graphs of `llm_decoder`, `tts_vits` and `emotion_encoder`: `avatar_fp32` over
+`*_fp32` copies) and `threads2` (today's, with 2 ONNX Runtime threads per call in the ASR,
+LLM and TTS networks instead of 1), the copies materialised beside the other models. Results:
+build/perf/latency/ (CSV, JSON, markdown, PNG); the table's ratios are of each setting to
+`today`.
 """
 
 from __future__ import annotations
@@ -43,12 +47,41 @@ from perf.report import DEFAULT_OUT, plot_bars, write_rows
 
 log = logging.getLogger(__name__)
 OUT = DEFAULT_OUT / "latency"
-SETTINGS = ("today", "release")
-# the first release's settings, as config parameters of the copies
-RELEASE = {
-    "asr": {"window_step": "0", "window_margin": "0"},
-    "llm": {"first_clause_words": "0"},
-    "avatar": {"asr_model": "asr_release", "llm_model": "llm_release"},
+SETTINGS = ("today", "release", "fp32", "threads2")
+# the settings besides today's, as config parameters of copies `<model>_<setting>` of the
+# materialised models; the gateway of a setting talks to its `avatar_<setting>`
+COPIES: dict[str, dict[str, dict[str, str]]] = {
+    "release": {
+        "asr": {"window_step": "0", "window_margin": "0"},
+        "llm": {"first_clause_words": "0"},
+        "avatar": {"asr_model": "asr_release", "llm_model": "llm_release"},
+    },
+    "fp32": {  # the embedded runner's `onnx_file`: the graph it serves
+        "llm_decoder": {"onnx_file": "model.onnx"},
+        "llm": {"decoder_model": "llm_decoder_fp32"},
+        "tts_vits": {"onnx_file": "model.onnx"},
+        "tts": {"vits_model": "tts_vits_fp32"},
+        "emotion_encoder": {"onnx_file": "model.onnx"},
+        "avatar": {
+            "llm_model": "llm_fp32",
+            "tts_model": "tts_fp32",
+            "emotion_model": "emotion_encoder_fp32",
+        },
+    },
+    "threads2": {  # ONNX Runtime intra-op threads 2 (the defaults use 1) where a turn waits
+        "asr_encoder": {"intra_op_threads": "2"},
+        "asr_decoder": {"intra_op_threads": "2"},
+        "asr": {"encoder_model": "asr_encoder_threads2", "decoder_model": "asr_decoder_threads2"},
+        "llm_decoder": {"intra_op_threads": "2"},
+        "llm": {"decoder_model": "llm_decoder_threads2"},
+        "tts_vits": {"intra_op_threads": "2"},
+        "tts": {"vits_model": "tts_vits_threads2"},
+        "avatar": {
+            "asr_model": "asr_threads2",
+            "llm_model": "llm_threads2",
+            "tts_model": "tts_threads2",
+        },
+    },
 }
 MILESTONES = (
     "endpoint",
@@ -78,15 +111,15 @@ class TurnRow:
     error: str = ""
 
 
-def add_release_models(repository: Path) -> None:
-    """Copies of asr/llm/avatar with the first release's settings (see RELEASE)."""
+def add_setting_models(repository: Path, setting: str) -> None:
+    """The copies of `setting` (COPIES) beside the materialised models of `repository`."""
     from google.protobuf import text_format
 
     from avatar.serving.repository import parse_config
 
-    for name, values in RELEASE.items():
-        source, target = repository / name, repository / f"{name}_release"
-        shutil.copytree(source, target)
+    for name, values in COPIES[setting].items():
+        source, target = repository / name, repository / f"{name}_{setting}"
+        shutil.copytree(source, target, symlinks=True)  # artifacts stay links
         config = parse_config(target / "config.pbtxt")
         config.name = target.name
         for key, value in values.items():
@@ -185,7 +218,11 @@ def run_level(
 def _gateway_options(setting: str, end_silence_s: float) -> list[str]:
     options = ["--end-silence-s", str(end_silence_s)]
     if setting == "release":
-        options += ["--no-speculate", "--model", "avatar_release"]
+        options += ["--no-speculate"]
+    if setting != "today":
+        options += ["--model", f"avatar_{setting}"]
+    if "asr" in COPIES.get(setting, {}):
+        options += ["--asr-model", f"asr_{setting}"]
     return options
 
 
@@ -194,9 +231,10 @@ def _field(milestone: str) -> str:
 
 
 def summarise(rows: list[TurnRow]) -> list[dict]:
-    """p50/p95 per (sessions, setting, milestone), with the release/today ratio of p50."""
+    """p50/p95 per (sessions, setting, milestone)."""
     out = []
-    keys = sorted({(r.sessions, r.setting) for r in rows}, key=lambda k: (k[0], k[1] != "today"))
+    order = {name: i for i, name in enumerate(SETTINGS)}
+    keys = sorted({(r.sessions, r.setting) for r in rows}, key=lambda k: (k[0], order[k[1]]))
     for sessions, setting in keys:
         group = [r for r in rows if (r.sessions, r.setting) == (sessions, setting)]
         for milestone in MILESTONES:
@@ -219,46 +257,51 @@ def summarise(rows: list[TurnRow]) -> list[dict]:
 
 
 def markdown(summary: list[dict]) -> str:
+    """One row per (sessions, milestone): p50 / p95 of each setting, and each other
+    setting's p50 over today's."""
     by = {(s["sessions"], s["setting"], s["milestone"]): s for s in summary}
+    settings = [name for name in SETTINGS if any(s["setting"] == name for s in summary)]
+    others = [name for name in settings if name != "today"]
     lines = [
-        "| sessions | from the end of speech | today p50 / p95 ms | release p50 / p95 ms | "
-        "release / today (p50) |",
-        "|---:|---|---:|---:|---:|",
+        "| sessions | from the end of speech | "
+        + " | ".join(f"{name} p50 / p95 ms" for name in settings)
+        + "".join(f" | {name} / today (p50)" for name in others)
+        + " |",
+        "|---:|---|" + "---:|" * (len(settings) + len(others)),
     ]
     for sessions in sorted({s["sessions"] for s in summary}):
         for milestone in MILESTONES:
-            today, release = (
-                by.get((sessions, "today", milestone)),
-                by.get((sessions, "release", milestone)),
-            )
-            if today is None and release is None:
+            cells = {name: by.get((sessions, name, milestone)) for name in settings}
+            if not any(cells.values()):
                 continue
+            today = cells.get("today")
 
-            def cell(s: dict | None) -> str:
-                return "-" if s is None else f"{s['p50_ms']:.0f} / {s['p95_ms']:.0f}"
+            def ratio(other: dict | None, today: dict | None = today) -> str:
+                if not (other and today and today["p50_ms"] > 0):
+                    return "-"
+                return f"{other['p50_ms'] / today['p50_ms']:.2f}x"
 
-            ratio = (
-                f"{release['p50_ms'] / today['p50_ms']:.2f}x"
-                if today and release and today["p50_ms"] > 0
-                else "-"
-            )
-            lines.append(
-                f"| {sessions} | {milestone} | {cell(today)} | {cell(release)} | {ratio} |"
-            )
+            values = [
+                "-" if c is None else f"{c['p50_ms']:.0f} / {c['p95_ms']:.0f}"
+                for c in cells.values()
+            ]
+            ratios = [ratio(cells[name]) for name in others]
+            lines.append(f"| {sessions} | {milestone} | " + " | ".join(values + ratios) + " |")
     return "\n".join(lines)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--url", help="Triton gRPC address (release needs the *_release copies); default: start one"
+        "--url",
+        help="Triton gRPC address (other settings need their copies); default: start one",
     )
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument(
         "--settings",
         nargs="+",
         choices=SETTINGS,
-        default=list(SETTINGS),
-        help="release needs the *_release copies (made when the command starts the server)",
+        default=["today", "release"],
+        help="release and fp32 need their copies (made when the command starts the server)",
     )
     parser.add_argument("--questions", type=int, default=6, help="per session and setting")
     parser.add_argument("--end-silence-s", type=float, default=0.7, help="endpointer silence")
@@ -276,7 +319,8 @@ def command(args: argparse.Namespace) -> int:
         if url is None:
             tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="perf-latency-")))
             build_repository(tmp / "repository", "embedded")
-            add_release_models(tmp / "repository")
+            for setting in set(args.settings) - {"today"}:
+                add_setting_models(tmp / "repository", setting)
             server = EmbeddedServer(ServerOptions(tmp / "repository", startup_timeout_s=600))
             url = stack.enter_context(server).grpc_url
         gateways = {
@@ -291,7 +335,7 @@ def command(args: argparse.Namespace) -> int:
             log.info("%d session(s), %d questions per setting each", sessions, args.questions)
             rows += run_level(gateways, sessions, args.questions, pause_s=args.pause_s)
     summary = summarise(rows)
-    meta = {"end_silence_s": args.end_silence_s, "pause_s": args.pause_s, "release": RELEASE}
+    meta = {"end_silence_s": args.end_silence_s, "pause_s": args.pause_s, "copies": COPIES}
     write_rows(rows, args.out / "turns", meta)
     write_rows(summary, args.out / "summary", meta)
     table = markdown(summary)

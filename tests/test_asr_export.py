@@ -134,17 +134,14 @@ def test_silence_gives_an_empty_transcript(runtime, vocab):
 
 def test_long_audio_cut_by_silero_vad(runtime, vocab):
     from avatar.asr.long_form import transcribe_long
-    from avatar.vad import VadStream, chunks, speech_segments
+    from avatar.vad import onnx_vad, speech_probabilities, speech_segments
     from export.common import onnx_session
     from export.registry import ensure_all
 
     clip = long_clip(clips()[:12])
     vad = onnx_session(ensure_all(["vad"])["vad"] / "model.onnx")
-    stream, names, probs = VadStream(), ["speech_prob", "next_context", "next_state"], []
-    for chunk in chunks(clip.audio):
-        outputs = dict(zip(names, vad.run(names, stream.inputs(chunk[None])), strict=True))
-        probs.append(stream.update(outputs))
-    speech = [(s.start_s, s.end_s) for s in speech_segments(np.concatenate(probs))]
+    probs = speech_probabilities(onnx_vad(vad), clip.audio)
+    speech = [(s.start_s, s.end_s) for s in speech_segments(probs)]
     result = transcribe_long(runtime, vocab, clip.audio, speech)
     assert wer(reference_transcripts([clip])[0], result.text) < 0.1
     assert result.segments[-1].end > 30 and result.language == "en"

@@ -109,22 +109,29 @@ def test_latency_smoke(triton_server: EmbeddedServer, tmp_path: Path, capsys) ->
     _png(tmp_path / "latency.png")
 
 
-def test_release_copies_carry_the_first_release_settings(
-    embedded_repository: Path, tmp_path: Path
+@pytest.mark.parametrize("setting", ["release", "fp32", "threads2"])
+def test_setting_copies_carry_their_settings(
+    embedded_repository: Path, tmp_path: Path, setting: str
 ) -> None:
     import shutil
 
     from avatar.serving.repository import parse_config
-    from perf.latency import RELEASE, add_release_models
+    from perf.latency import COPIES, add_setting_models
 
-    for name in RELEASE:
-        shutil.copytree(embedded_repository / name, tmp_path / name)
-    add_release_models(tmp_path)
-    for name, values in RELEASE.items():
-        config = parse_config(tmp_path / f"{name}_release" / "config.pbtxt")
-        assert config.name == f"{name}_release"
+    for name in COPIES[setting]:
+        shutil.copytree(embedded_repository / name, tmp_path / name, symlinks=True)
+    add_setting_models(tmp_path, setting)
+    for name, values in COPIES[setting].items():
+        copy = tmp_path / f"{name}_{setting}"
+        config = parse_config(copy / "config.pbtxt")
+        assert config.name == copy.name
         assert {k: config.parameters[k].string_value for k in values} == values
-        assert (tmp_path / f"{name}_release" / "1" / "model.py").is_file()
+        files = sorted((copy / "1").iterdir())
+        assert files and all(f.is_symlink() or f.suffix == ".py" for f in files), files
+    if setting == "fp32":  # today serves the INT8 graphs this setting replaces
+        for name in ("llm_decoder", "tts_vits", "emotion_encoder"):
+            today = parse_config(tmp_path / name / "config.pbtxt")
+            assert today.parameters["onnx_file"].string_value == "model.int8.onnx", name
 
 
 def test_endpointing_counts_questions_cut_at_a_pause() -> None:

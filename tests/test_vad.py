@@ -13,11 +13,9 @@ from tritonclient.utils import InferenceServerException
 
 from avatar.audio import reference_speech
 from avatar.serving.server import EmbeddedServer
-from avatar.vad import CHUNK, SAMPLE_RATE, VadStream, chunks, speech_segments
-from clients.vad_stream import infer, speech_probabilities
+from avatar.vad import CHUNK, SAMPLE_RATE, chunks, onnx_vad, speech_probabilities, speech_segments
+from clients.vad_stream import infer, served_probabilities
 from export.common import onnx_session
-
-NAMES = ["speech_prob", "next_context", "next_state"]
 
 
 @pytest.fixture(scope="module")
@@ -28,29 +26,24 @@ def speech() -> np.ndarray:
 
 
 def direct_probabilities(vad_artifact: Path, audio: np.ndarray) -> np.ndarray:
-    session = onnx_session(vad_artifact / "model.onnx")
-    stream, probs = VadStream(), []
-    for chunk in chunks(audio):
-        feeds = stream.inputs(chunk[None])
-        probs.append(stream.update(dict(zip(NAMES, session.run(NAMES, feeds), strict=True)))[0])
-    return np.asarray(probs)
+    return speech_probabilities(onnx_vad(onnx_session(vad_artifact / "model.onnx")), audio)
 
 
 def test_grpc_equals_onnx_runtime(
     triton_server: EmbeddedServer, vad_artifact: Path, speech
 ) -> None:
-    served = speech_probabilities(triton_server.grpc_url, speech)
+    served = served_probabilities(triton_server.grpc_url, speech)
     direct = direct_probabilities(vad_artifact, speech)
     np.testing.assert_allclose(served, direct, atol=1e-6)
 
 
 def test_speech_is_found_where_it_was_spoken(triton_server: EmbeddedServer, speech) -> None:
-    segments = speech_segments(speech_probabilities(triton_server.grpc_url, speech))
+    segments = speech_segments(served_probabilities(triton_server.grpc_url, speech))
     assert segments, "no speech found in spoken audio"
     spoken_end = (len(speech) - SAMPLE_RATE // 2) / SAMPLE_RATE
     assert abs(segments[0].start_s - 0.5) < 0.25
     assert abs(segments[-1].end_s - spoken_end) < 0.4
-    silence = speech_probabilities(triton_server.grpc_url, np.zeros(SAMPLE_RATE, np.float32))
+    silence = served_probabilities(triton_server.grpc_url, np.zeros(SAMPLE_RATE, np.float32))
     assert speech_segments(silence) == []
 
 
@@ -62,7 +55,7 @@ def test_concurrent_sessions_batch_and_stay_independent(
     with grpcclient.InferenceServerClient(triton_server.grpc_url) as client:
         before = client.get_inference_statistics("vad").model_stats[0]
     with ThreadPoolExecutor(len(clips)) as pool:
-        served = list(pool.map(lambda c: speech_probabilities(triton_server.grpc_url, c), clips))
+        served = list(pool.map(lambda c: served_probabilities(triton_server.grpc_url, c), clips))
     for clip, probs in zip(clips, served, strict=True):
         np.testing.assert_allclose(probs, direct_probabilities(vad_artifact, clip), atol=1e-6)
     with grpcclient.InferenceServerClient(triton_server.grpc_url) as client:

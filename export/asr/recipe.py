@@ -47,6 +47,7 @@ class _WhisperRecipe(ArtifactRecipe):
         HERE / "weights.py",
         HERE.parent / "onnx_edit.py",
         HERE.parent / "quantize.py",
+        HERE.parent / "vad" / "recipe.py",  # the gate's long-form set is cut by the VAD
         *(HERE / f for f in ("int8.py", "clips.py", "human.py", "wer.py", "report.py")),
     )
 

@@ -2,6 +2,7 @@
 
     python -m export build lipsync
     python -m export.lipsync           # audio seconds per second at batch 1 and 16 (1 thread)
+    python -m export.lipsync.int8      # the INT8 variant's gate (export/lipsync/int8.py)
 
 Input `audio` [batch, samples] float32 (16 kHz mono); outputs `viseme_probs`
 [batch, frames, 15] and `mouth_open` [batch, frames], frames = samples // 160 + 1. Batch
@@ -26,6 +27,7 @@ from export.common import (
     onnx_session,
     worst,
 )
+from export.lipsync.int8 import VARIANT_FILE, build_variant
 from export.onnx_edit import set_output_dims
 from networks.lipsync import CLASSES, HOP, SAMPLE_RATE, WEIGHTS
 
@@ -68,6 +70,9 @@ class LipsyncRecipe(ArtifactRecipe):
     code_files = (
         Path(__file__).parents[2] / "networks" / "lipsync.py",
         Path(__file__).parents[1] / "onnx_edit.py",
+        Path(__file__).parents[1] / "quantize.py",
+        Path(__file__).with_name("int8.py"),
+        Path(__file__).parents[2] / "training" / "lipsync" / "evaluate.py",  # the INT8 gate
     )
 
     def __init__(self, weights: Path = WEIGHTS):
@@ -117,7 +122,11 @@ class LipsyncRecipe(ArtifactRecipe):
             batch_axis=0,
             opset=OPSET,
             source={"weights": self.weights.name, "weights_sha256": sha256_file(self.weights)},
-            validation={"outputs": worst(comparisons), "checks": [list(c) for c in CHECKS]},
+            validation={
+                "outputs": worst(comparisons),
+                "checks": [list(c) for c in CHECKS],
+                "variants": {VARIANT_FILE: build_variant(Path(out_dir))},
+            },
             notes=[
                 f"16 kHz mono float32 audio; frames every {HOP} samples (100 Hz), "
                 "frames = samples // 160 + 1; viseme order avatar.animation.tables.VISEMES",

@@ -18,24 +18,27 @@ from avatar.errors import RequestError
 from avatar.triton.bls import error_response, infer, input_array, input_text
 from avatar.triton.diagnostics import enable_crash_reports
 from avatar.triton.params import ModelParameters
-from avatar.vad import VadStream, chunks, speech_segments
+from avatar.vad import OUTPUTS, speech_probabilities, speech_segments
 
 # audio longer than one 30-s window: "windows" = Whisper's sequential windows (as
 # faster-whisper; transcripts equal the reference), "vad" = cut at Silero VAD pauses into
 # <= 30-s pieces decoded as one lockstep batch (needs the `vad` model)
 SEGMENTATION = ("windows", "vad")
-VAD_OUTPUTS = ["speech_prob", "next_context", "next_state"]
 
 
 class TritonWhisperRuntime(WhisperRuntime):
-    """The exported networks as BLS calls to `asr_encoder` and `asr_decoder`."""
+    """The exported networks as BLS calls to the encoder and decoder models (`asr_encoder`
+    and `asr_decoder` unless the config names others)."""
+
+    def __init__(self, encoder: str = "asr_encoder", decoder: str = "asr_decoder"):
+        self.encoder, self.decoder = encoder, decoder
 
     def encode(self, mel: np.ndarray) -> np.ndarray:
-        return infer("asr_encoder", {"mel": mel}, ["cross_kv"])["cross_kv"]
+        return infer(self.encoder, {"mel": mel}, ["cross_kv"])["cross_kv"]
 
     def decode(self, tokens, self_kv, cross_kv):
         feeds = {"tokens": tokens, "self_kv": self_kv, "cross_kv": cross_kv}
-        out = infer("asr_decoder", feeds, ["logits", "self_kv_out"])
+        out = infer(self.decoder, feeds, ["logits", "self_kv_out"])
         return out["logits"], out["self_kv_out"]
 
 
@@ -67,7 +70,9 @@ class TritonPythonModel:
             raise ValueError(
                 f"asr: parameter segmentation={self.segmentation!r} not in {SEGMENTATION}"
             )
-        self.runtime = TritonWhisperRuntime()
+        self.runtime = TritonWhisperRuntime(
+            params.str("encoder_model", "asr_encoder"), params.str("decoder_model", "asr_decoder")
+        )
 
     def _parse(self, request) -> tuple[np.ndarray, str | None, str]:
         audio = input_array(request, "audio")
@@ -92,11 +97,8 @@ class TritonPythonModel:
     @staticmethod
     def _speech(audio: np.ndarray) -> list[tuple[float, float]]:
         """Speech segments (seconds) from the `vad` model, one 32-ms chunk per BLS call."""
-        stream, probs = VadStream(), []
-        for chunk in chunks(audio):
-            outputs = infer("vad", stream.inputs(chunk[None]), VAD_OUTPUTS)
-            probs.append(stream.update(outputs))
-        return [(s.start_s, s.end_s) for s in speech_segments(np.concatenate(probs))]
+        probs = speech_probabilities(lambda feeds: infer("vad", feeds, list(OUTPUTS)), audio)
+        return [(s.start_s, s.end_s) for s in speech_segments(probs)]
 
     def execute(self, requests: list) -> list:
         parsed: list = []

@@ -118,6 +118,28 @@ def test_accuracy_on_heldout_tts_sentences(artifact: Path, heldout_speech) -> No
     assert np.mean(np.abs(scores.onsets_fps) <= 1.0) >= 0.8
 
 
+def test_int8_variant_keeps_the_visemes(artifact: Path, heldout_speech) -> None:
+    """The served INT8 graph's gate, recomputed on other held-out sentences: frame accuracy
+    within 1 point of FP32's, p/b/m closures kept, and it is the graph the CPU serves."""
+    from export.lipsync.int8 import VARIANT_FILE
+    from perf.inputs import served_onnx
+
+    record = Sidecar.load(artifact).validation["variants"][VARIANT_FILE]
+    assert record["passes_gate"] and record["faster"], record
+    assert served_onnx("lipsync") == artifact / VARIANT_FILE
+    scores = {}
+    for name in ("model.onnx", VARIANT_FILE):
+        session, score = onnx_session(artifact / name), Scores()
+        for utt in heldout_speech:
+            audio, scale = augment(utt, Augment(snr_db=15.0), np.random.default_rng(0))
+            (probs,) = session.run(["viseme_probs"], {"audio": audio[None]})
+            score_clip(score, probs[0], utt, scale, fps=30.0)
+        scores[name] = score
+    fp32, int8 = scores["model.onnx"], scores[VARIANT_FILE]
+    assert int8.accuracy >= fp32.accuracy - 0.01, (int8.accuracy, fp32.accuracy)
+    assert int8.bilabials_closed >= fp32.bilabials_closed - 1
+
+
 def test_mouth_closes_on_bilabials_of_heldout_speech(artifact: Path, heldout_speech) -> None:
     """Most p/b/m are found closed, and most closures found are real p/b/m or pauses."""
     session = onnx_session(artifact / "model.onnx")

@@ -15,8 +15,9 @@ from tritonclient.utils import InferenceServerException
 from avatar.audio import reference_speech, write_wav
 from avatar.serving.server import EmbeddedServer
 from clients.lipsync import CONTEXT_S, WINDOW_S, infer_windows, main, viseme_probs, windows
-from export.common import ensure, onnx_session
-from export.lipsync.recipe import OUTPUTS, LipsyncRecipe
+from export.common import onnx_session
+from export.lipsync.recipe import OUTPUTS
+from perf.inputs import served_onnx
 
 RATE = 16000
 WINDOW, CONTEXT = int(WINDOW_S * RATE), int(CONTEXT_S * RATE)
@@ -24,7 +25,8 @@ WINDOW, CONTEXT = int(WINDOW_S * RATE), int(CONTEXT_S * RATE)
 
 @pytest.fixture(scope="module")
 def session():
-    return onnx_session(ensure(LipsyncRecipe()) / "model.onnx")
+    """The graph the embedded server runs (the INT8 variant while its gate passes)."""
+    return onnx_session(served_onnx("lipsync"))
 
 
 @pytest.fixture(scope="module")

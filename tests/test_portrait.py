@@ -232,3 +232,22 @@ def test_any_frontal_photo_by_path_is_rigged(tmp_path, monkeypatch):
     np.testing.assert_array_equal(frame[0], other.photo)
     with lm.FaceMesh() as mesh:
         assert mesh.find(frame[0]) is not None
+
+
+def test_int8_comparison_measures_what_a_viewer_sees() -> None:
+    """export.portrait.int8's figures: identical frames pass; a shifted face (a change
+    spread over many pixels) fails on SSIM and on the share of pixels over 3 levels."""
+    from export.portrait.int8 import compare, ssim
+
+    rng = np.random.default_rng(0)
+    frames = np.clip(rng.normal(128, 40, size=(2, 64, 64, 3)), 0, 255).astype(np.uint8)
+    assert ssim(frames[0], frames[0]) == pytest.approx(1.0)
+    same = compare(frames, frames.copy())
+    assert same["passes_gate"] and same["max_levels"] == 0 and same["ssim_min"] == 1.0
+    shifted = np.roll(frames, 1, axis=2)
+    moved = compare(frames, shifted)
+    assert not moved["passes_gate"] and moved["ssim_min"] < 0.5
+    assert "SSIM" in moved["why"] and "pixels over 3 levels" in moved["why"]
+    one_pixel = frames.copy()
+    one_pixel[0, 10, 10] = 255 - one_pixel[0, 10, 10]
+    assert compare(frames, one_pixel)["max_levels"] > 3  # reported, within the share bound

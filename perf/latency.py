@@ -124,7 +124,22 @@ def add_setting_models(repository: Path, setting: str) -> None:
         config.name = target.name
         for key, value in values.items():
             config.parameters[key].string_value = value
+        if "onnx_file" in values:  # the materialiser linked only the graph it serves
+            link_beside_artifact(target / "1", values["onnx_file"])
         (target / "config.pbtxt").write_text(text_format.MessageToString(config))
+
+
+def link_beside_artifact(version: Path, name: str) -> None:
+    """Link `name` of the artifact folder the links in `version` point into, when absent."""
+    if (version / name).exists():
+        return
+    links = [p for p in version.iterdir() if p.is_symlink() and p.suffix == ".onnx"]
+    if not links:
+        raise FileNotFoundError(f"{version}: no linked ONNX file to find {name} beside")
+    source = links[0].resolve().parent / name
+    if not source.is_file():
+        raise FileNotFoundError(f"{source}: not built")
+    (version / name).symlink_to(source)
 
 
 def questions() -> list[tuple[str, np.ndarray]]:

@@ -128,6 +128,8 @@ def test_setting_copies_carry_their_settings(
         assert {k: config.parameters[k].string_value for k in values} == values
         files = sorted((copy / "1").iterdir())
         assert files and all(f.is_symlink() or f.suffix == ".py" for f in files), files
+        if "onnx_file" in values:  # the graph the copy serves is there
+            assert (copy / "1" / values["onnx_file"]).resolve().is_file()
     if setting == "fp32":  # today serves the INT8 graphs this setting replaces
         for name in ("llm_decoder", "tts_vits", "emotion_encoder"):
             today = parse_config(tmp_path / name / "config.pbtxt")

@@ -119,7 +119,8 @@ def add_setting_models(repository: Path, setting: str) -> None:
 
     for name, values in COPIES[setting].items():
         source, target = repository / name, repository / f"{name}_{setting}"
-        shutil.copytree(source, target, symlinks=True)  # artifacts stay links
+        # artifacts stay links
+        shutil.copytree(source, target, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
         config = parse_config(target / "config.pbtxt")
         config.name = target.name
         for key, value in values.items():

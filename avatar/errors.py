@@ -27,3 +27,17 @@ def parse_json(text: str, what: str) -> Any:
         raise RequestError(f"{what} is not valid JSON: {error}") from None
     except RecursionError:
         raise RequestError(f"{what} is nested too deeply: expected a flat JSON object") from None
+
+
+MAX_SESSION_ID_CHARS = 128
+
+
+def check_session_id(value: str, what: str = "session_id") -> str:
+    """`value` stripped, or a RequestError when it is not a session id."""
+    value = value.strip()
+    if len(value) > MAX_SESSION_ID_CHARS or not value.isprintable():
+        raise RequestError(
+            f"{what} {value[:20]!r}... is not a session id: expected at most "
+            f"{MAX_SESSION_ID_CHARS} printable characters"
+        )
+    return value

@@ -37,7 +37,13 @@ class LiveReply:
     audio_arrived: list[float] = dataclasses.field(default_factory=list)  # perf_counter
     frames: list[Frames] = dataclasses.field(default_factory=list)
     # client clock (perf_counter) of events: "speech_sent_end", "interrupt", "first_audio"...
+    # Per-turn keys count the turns in the order they answered ("first_audio_turn1" is the
+    # first answered turn's): a discarded speculative turn leaves a gap in turn numbers.
     at: dict[str, float] = dataclasses.field(default_factory=dict)
+    turn_order: dict[int, int] = dataclasses.field(default_factory=dict)  # number -> 1, 2...
+
+    def ordinal(self, turn: int) -> int:
+        return self.turn_order.setdefault(turn, len(self.turn_order) + 1)
 
     def of(self, kind: str) -> list[dict[str, Any]]:
         return [m for m in self.messages if m.get("type") == kind]
@@ -110,16 +116,18 @@ async def converse(
                     if isinstance(item, Audio):
                         reply.audio.append(item)
                         reply.audio_arrived.append(now)
-                        reply.at.setdefault(f"first_audio_turn{item.turn}", now)
+                        reply.at.setdefault(f"first_audio_turn{reply.ordinal(item.turn)}", now)
                     else:
                         reply.frames.append(item)
-                        reply.at.setdefault(f"first_frames_turn{item.turn}", now)
+                        reply.at.setdefault(f"first_frames_turn{reply.ordinal(item.turn)}", now)
                     continue
                 if message.type != aiohttp.WSMsgType.TEXT:
                     break
                 data = json.loads(message.data)
                 reply.messages.append(data)
                 kind = data["type"]
+                if kind == "turn_start":
+                    reply.ordinal(data["turn"])
                 reply.at.setdefault(kind, now)
                 if kind == "speech_end":
                     reply.at.setdefault(f"speech_end{len(reply.of('speech_end'))}", now)

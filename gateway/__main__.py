@@ -26,6 +26,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--no-speculate", action="store_true", help="the avatar model transcribes each turn"
     )
+    parser.add_argument(
+        "--speculate-turn",
+        action="store_true",
+        help="at that pause also start the reply (in a fork of the conversation), held until "
+        "the end of speech is confirmed",
+    )
     parser.add_argument("--model", default="avatar", help="the turn model (decoupled)")
     parser.add_argument("--asr-model", default="asr", help="the speculative transcripts' model")
     parser.add_argument(
@@ -44,6 +50,7 @@ def main(argv: list[str] | None = None) -> None:
         args.port,
         end_silence_s=args.end_silence_s,
         speculate_after_s=None if args.no_speculate else args.speculate_after_s,
+        speculate_turn=args.speculate_turn and not args.no_speculate,
         model=args.model,
         asr_model=args.asr_model,
         portrait=args.portrait,

@@ -45,6 +45,11 @@ class SessionOptions:
     # still waits for end_silence_s; the turn then starts from the text at the end of
     # speech. Speech that resumes discards it. None: the avatar model transcribes.
     speculate_after_s: float | None = 0.2
+    # Speculative turn: also start the reply from that transcript, in a fork of the
+    # conversation (a new session id with the session's memory), and hold its messages
+    # until the end of speech is confirmed; then they are sent and the conversation goes on
+    # in the fork. Speech that resumes cancels it and leaves the conversation as it was.
+    speculate_turn: bool = False
 
 
 @dataclasses.dataclass
@@ -56,6 +61,18 @@ class _Turn:
     first_audio_at: float | None = None
     cancelled: str = ""
     spoken: bool = False  # from the microphone (its transcript may be speculative)
+    session_id: str = ""  # the conversation the turn answers in
+    parent_session_id: str = ""  # set for a fork (a speculative turn)
+    held: list[tuple[str, Any]] | None = None  # messages kept until the turn is confirmed
+
+
+@dataclasses.dataclass
+class _Speculation:
+    """What the first pause of an utterance started: its transcript, and the turn answering
+    it (held) when speculative turns are on."""
+
+    text: str
+    turn: _Turn | None = None
 
 
 class LiveSession:
@@ -82,7 +99,7 @@ class LiveSession:
         self.turn: _Turn | None = None
         self.in_speech = False
         self._vad_lock = asyncio.Lock()  # chunks go through the vad in order
-        self.speculation: asyncio.Task | None = None  # -> the transcript of the speech so far
+        self.speculation: asyncio.Task | None = None  # -> _Speculation of the speech so far
         after = self.options.speculate_after_s
         self._speculate_chunks = None if after is None else max(1, round(after / CHUNK_S))
 
@@ -167,8 +184,7 @@ class LiveSession:
         )
 
     async def close(self) -> None:
-        if self.speculation is not None:
-            self.speculation.cancel()
+        self._drop_speculation()
         await self.interrupt("closed", notify=False)
 
     # ------------------------------------------------------------------ endpointing
@@ -196,38 +212,91 @@ class LiveSession:
             self._speculate(detector.silent)
         if utterance is not None or (self.in_speech and not started):
             self.in_speech = False
-            speculation, self.speculation = self.speculation, None
             if utterance is None:  # too short to be a question (a cough, a click)
-                if speculation is not None:
-                    speculation.cancel()
+                self._drop_speculation()
                 await self.send_json({"type": "speech_end", "utterance_s": 0.0})
                 return
+            speculation, self.speculation = self.speculation, None
             seconds = round(len(utterance) / protocol.INPUT_RATE, 3)
             await self.send_json({"type": "speech_end", "utterance_s": seconds})
-            text = await self._speculated(speculation)
+            result = await self._speculated(speculation)
+            if result is not None and result.turn is not None:
+                await self._confirm(result.turn)
+                return
+            text = result.text if result is not None else None
             await self.start_turn(audio=None if text else utterance, text=text, spoken=True)
 
     def _speculate(self, silent_chunks: int) -> None:
-        """Start ASR at the first pause; drop it when the speaker goes on."""
+        """Start ASR (and the turn) at the first pause; drop it when the speaker goes on."""
         if self._speculate_chunks is None:
             return
         if silent_chunks == 0 and self.speculation is not None:
-            self.speculation.cancel()  # the pause was inside the utterance
-            self.speculation = None
+            self._drop_speculation()  # the pause was inside the utterance
         elif silent_chunks >= self._speculate_chunks and self.speculation is None:
             audio = np.concatenate(self.endpointer.chunks)
-            self.speculation = asyncio.create_task(self._transcribe(audio))
+            self.speculation = asyncio.create_task(self._speculative(audio))
 
-    async def _speculated(self, speculation: asyncio.Task | None) -> str | None:
-        """The speculative transcript, or None (none started, it failed, or it is empty):
-        then the avatar model transcribes the utterance itself."""
+    async def _speculative(self, audio: np.ndarray) -> _Speculation:
+        text = (await self._transcribe(audio)).strip()
+        speculation = _Speculation(text)
+        if text and self.options.speculate_turn:
+            self.turns += 1  # a discarded speculative turn leaves a gap in the numbers
+            turn = _Turn(
+                self.turns,
+                spoken=True,
+                session_id=uuid.uuid4().hex,
+                parent_session_id=self.session_id,
+                held=[],
+            )
+            turn.task = asyncio.create_task(self._run_turn(turn, None, text))
+            speculation.turn = turn
+        return speculation
+
+    def _drop_speculation(self) -> None:
+        """Cancel the speculation and the turn it started; the conversation is unchanged
+        (that turn answered in a fork of it)."""
+        speculation, self.speculation = self.speculation, None
+        if speculation is None:
+            return
+        if not speculation.done():
+            speculation.cancel()
+            return
+        if speculation.cancelled() or speculation.exception() is not None:
+            return
+        turn = speculation.result().turn
+        if turn is not None:
+            turn.cancelled = "discarded"
+            if turn.call is not None:
+                turn.call.cancel()
+            if turn.task is not None:
+                turn.task.cancel()
+
+    async def _speculated(self, speculation: asyncio.Task | None) -> _Speculation | None:
+        """The speculation's result, or None (none started, or it failed): then the avatar
+        model transcribes the utterance itself."""
         if speculation is None:
             return None
         try:
-            return (await speculation).strip() or None
+            result = await speculation
         except Exception as error:
             log.warning("speculative ASR failed, the avatar transcribes: %s", error)
             return None
+        return result if result.text else None
+
+    async def _confirm(self, turn: _Turn) -> None:
+        """The end of speech is confirmed: the held turn becomes the session's turn, its
+        messages so far are sent, and the conversation goes on in its fork."""
+        await self.interrupt("superseded")
+        self.turn = turn
+        self.session_id = turn.session_id
+        now = time.monotonic()
+        if turn.first_audio_at is not None:  # playback starts now, not when it arrived
+            turn.playing_until += now - turn.first_audio_at
+            turn.first_audio_at = now
+        while turn.held:
+            kind, item = turn.held.pop(0)
+            await (self.send_json(item) if kind == "json" else self.send_bytes(item))
+        turn.held = None  # no await since the list was seen empty: nothing is lost
 
     async def _transcribe(self, audio: np.ndarray) -> str:
         import tritonclient.grpc.aio as grpcclient
@@ -268,21 +337,25 @@ class LiveSession:
         self, *, audio: np.ndarray | None = None, text: str | None = None, spoken: bool = False
     ) -> None:
         await self.interrupt("superseded")
+        if not spoken:  # a typed turn supersedes what the microphone started
+            self._drop_speculation()
         self.turns += 1
-        turn = _Turn(self.turns, spoken=spoken)
+        turn = _Turn(self.turns, spoken=spoken, session_id=self.session_id)
         self.turn = turn
         turn.task = asyncio.create_task(self._run_turn(turn, audio, text))
 
     async def _run_turn(self, turn: _Turn, audio: np.ndarray | None, text: str | None) -> None:
         import tritonclient.grpc.aio as grpcclient
 
-        await self.send_json(
+        await self._turn_json(
+            turn,
             {
                 "type": "turn_start",
                 "turn": turn.number,
                 "input": "audio" if turn.spoken else "text",
                 "speculative_asr": turn.spoken and text is not None,
-            }
+                "speculative_turn": bool(turn.parent_session_id),
+            },
         )
         inputs = []
 
@@ -295,7 +368,9 @@ class LiveSession:
             add("audio", np.ascontiguousarray(audio, np.float32), "FP32")
         if text is not None:
             add("text", np.array([text.encode()], dtype=object), "BYTES")
-        add("session_id", np.array([self.session_id.encode()], dtype=object), "BYTES")
+        add("session_id", np.array([turn.session_id.encode()], dtype=object), "BYTES")
+        if turn.parent_session_id:
+            add("parent_session_id", np.array([turn.parent_session_id.encode()], object), "BYTES")
         controls = {k: v for k, v in self.controls.items() if k != "render"}
         add("controls", np.array([json.dumps(controls).encode()], dtype=object), "BYTES")
         outputs = [grpcclient.InferRequestedOutput(n) for n in AVATAR_OUTPUTS]
@@ -328,24 +403,37 @@ class LiveSession:
                 if await self._forward(turn, result, started):
                     break
         except asyncio.CancelledError:
-            await self.send_json(
-                {"type": "turn_end", "turn": turn.number, "cancelled": turn.cancelled or "closed"}
+            await self._turn_json(
+                turn,
+                {"type": "turn_end", "turn": turn.number, "cancelled": turn.cancelled or "closed"},
             )
             raise
         finally:
             turn.call.cancel()
 
     async def _error(self, turn: _Turn, message: str) -> None:
-        await self.send_json({"type": "error", "turn": turn.number, "message": message})
-        await self.send_json({"type": "turn_end", "turn": turn.number, "cancelled": "error"})
+        await self._turn_json(turn, {"type": "error", "turn": turn.number, "message": message})
+        await self._turn_json(turn, {"type": "turn_end", "turn": turn.number, "cancelled": "error"})
+
+    async def _turn_json(self, turn: _Turn, message: dict) -> None:
+        if turn.held is not None:
+            turn.held.append(("json", message))
+        else:
+            await self.send_json(message)
+
+    async def _turn_bytes(self, turn: _Turn, data: bytes) -> None:
+        if turn.held is not None:
+            turn.held.append(("bytes", data))
+        else:
+            await self.send_bytes(data)
 
     async def _forward(self, turn: _Turn, result, started: float) -> bool:
         """One avatar response -> protocol messages; True after the final one."""
         r = decode_response(result)
         kind = r.get("kind")
         if kind == "transcript":
-            await self.send_json(
-                {"type": "transcript", "turn": turn.number, "text": r["text"], "final": True}
+            await self._turn_json(
+                turn, {"type": "transcript", "turn": turn.number, "text": r["text"], "final": True}
             )
         elif kind == "sentence":
             index, start = r["sentence_index"], r["start_time"]
@@ -357,7 +445,8 @@ class LiveSession:
                 turn.first_audio_at = now
             if turn.first_audio_at is not None:
                 turn.playing_until = max(turn.playing_until, turn.first_audio_at + start + duration)
-            await self.send_json(
+            await self._turn_json(
+                turn,
                 {
                     "type": "sentence",
                     "turn": turn.number,
@@ -370,14 +459,15 @@ class LiveSession:
                     "animation": json.loads(r["animation"] or "{}"),
                     "error": r["error"],
                     "since_turn_start_ms": round((now - started) * 1000, 1),
-                }
+                },
             )
             if len(audio):
-                await self.send_bytes(
-                    protocol.audio_message(index, turn.number, start, rate, audio)
+                await self._turn_bytes(
+                    turn, protocol.audio_message(index, turn.number, start, rate, audio)
                 )
             if len(r["blendshapes"]):
-                await self.send_bytes(
+                await self._turn_bytes(
+                    turn,
                     protocol.frames_message(
                         index,
                         turn.number,
@@ -385,10 +475,11 @@ class LiveSession:
                         fps,
                         weights=r["blendshapes"],
                         pose=r["head_pose"],
-                    )
+                    ),
                 )
         elif kind == "final":
-            await self.send_json(
+            await self._turn_json(
+                turn,
                 {
                     "type": "turn_end",
                     "turn": turn.number,
@@ -396,7 +487,7 @@ class LiveSession:
                     "errors": json.loads(r["error"] or "[]"),
                     "timings": json.loads(r["timings"] or "{}"),
                     "cancelled": turn.cancelled,
-                }
+                },
             )
             return True
         return False

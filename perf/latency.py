@@ -22,7 +22,9 @@ on the CPU), `release` (the first release: `avatar_release` over `asr_release` w
 windows and `llm_release` with whole sentences, no speculation) and `fp32` (today's settings
 with the FP32 graphs of `llm_decoder`, `tts_vits` and `emotion_encoder`: `avatar_fp32` over
 `*_fp32` copies) and `threads2` (today's, with 2 ONNX Runtime threads per call in the ASR,
-LLM and TTS networks instead of 1), the copies materialised beside the other models. Results:
+LLM and TTS networks instead of 1), the copies materialised beside the other models; and
+`spec_turn` (today's models, the gateway also starting the reply at the first pause, held
+until the end of speech is confirmed: `--speculate-turn`). Results:
 build/perf/latency/ (CSV, JSON, markdown, PNG); the table's ratios are of each setting to
 `today`.
 """
@@ -47,7 +49,7 @@ from perf.report import DEFAULT_OUT, plot_bars, write_rows
 
 log = logging.getLogger(__name__)
 OUT = DEFAULT_OUT / "latency"
-SETTINGS = ("today", "release", "fp32", "threads2")
+SETTINGS = ("today", "release", "fp32", "threads2", "spec_turn")
 # the settings besides today's, as config parameters of copies `<model>_<setting>` of the
 # materialised models; the gateway of a setting talks to its `avatar_<setting>`
 COPIES: dict[str, dict[str, dict[str, str]]] = {
@@ -235,7 +237,9 @@ def _gateway_options(setting: str, end_silence_s: float) -> list[str]:
     options = ["--end-silence-s", str(end_silence_s)]
     if setting == "release":
         options += ["--no-speculate"]
-    if setting != "today":
+    if setting == "spec_turn":  # today's models; the gateway also starts the reply at a pause
+        options += ["--speculate-turn"]
+    elif setting != "today":
         options += ["--model", f"avatar_{setting}"]
     if "asr" in COPIES.get(setting, {}):
         options += ["--asr-model", f"asr_{setting}"]
@@ -335,7 +339,7 @@ def command(args: argparse.Namespace) -> int:
         if url is None:
             tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="perf-latency-")))
             build_repository(tmp / "repository", "embedded")
-            for setting in set(args.settings) - {"today"}:
+            for setting in set(args.settings) & set(COPIES):
                 add_setting_models(tmp / "repository", setting)
             server = EmbeddedServer(ServerOptions(tmp / "repository", startup_timeout_s=600))
             url = stack.enter_context(server).grpc_url

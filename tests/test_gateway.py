@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -172,6 +173,50 @@ def test_a_pause_inside_a_question_discards_the_speculative_transcript(gateway: 
     assert len(reply.of("turn_start")) == 1, "the pause was taken for the end"
     (transcript,) = reply.of("transcript")
     assert wer(f"{first.text} {second.text}", transcript["text"]) < 0.2, transcript
+
+
+@pytest.fixture(scope="module")
+def speculating_gateway(triton_server) -> Iterator[str]:
+    """A gateway that also starts the reply at the first pause (`--speculate-turn`)."""
+    from gateway.process import running_gateway
+
+    with running_gateway(triton_server.grpc_url, ["--speculate-turn"]) as (base, _process):
+        yield base
+
+
+def test_a_speculative_turn_is_held_until_the_end_of_speech(speculating_gateway: str) -> None:
+    """The reply starts at the first pause, but nothing of it reaches the page before the
+    end of speech is confirmed; then it arrives whole, on one clock, as a normal turn."""
+    clip = clips()[1]  # "What time does the museum open on Sunday?"
+    reply = asyncio.run(converse(_ws(speculating_gateway), clip.audio, controls={"seed": 1}))
+    assert not reply.of("error"), reply.of("error")
+    (start,) = reply.of("turn_start")
+    assert start["speculative_turn"] is True and start["speculative_asr"] is True
+    (transcript,) = reply.of("transcript")
+    assert wer(clip.text, transcript["text"]) < 0.2
+    (end,) = reply.of("turn_end")
+    assert end["reply"] and end["cancelled"] == "" and end["turn"] == start["turn"]
+    ended = reply.at["speech_end1"]
+    turn_messages = [m for m in reply.messages if "turn" in m]
+    assert reply.at["turn_start"] >= ended and min(reply.audio_arrived) > ended
+    assert {m["turn"] for m in turn_messages} == {start["turn"]}
+    sentences = reply.of("sentence")
+    assert [a.sentence for a in reply.audio] == [s["index"] for s in sentences]
+
+
+def test_speech_after_a_pause_discards_the_speculative_turn(speculating_gateway: str) -> None:
+    """0.4 s of silence inside a question: the turn started at the pause is cancelled when
+    the speaker goes on; the page sees one turn, which heard both halves."""
+    first, second = clips()[6], clips()[0]
+    pause = np.zeros(int(0.4 * 16_000), np.float32)
+    audio = np.concatenate([first.audio, pause, second.audio])
+    reply = asyncio.run(converse(_ws(speculating_gateway), audio, controls={"seed": 2}))
+    assert not reply.of("error"), reply.of("error")
+    starts, ends = reply.of("turn_start"), reply.of("turn_end")
+    assert len(starts) == 1 and len(ends) == 1 and ends[0]["cancelled"] == ""
+    (transcript,) = reply.of("transcript")
+    assert wer(f"{first.text} {second.text}", transcript["text"]) < 0.2, transcript
+    assert {a.turn for a in reply.audio} == {starts[0]["turn"]}
 
 
 def test_barge_in_stops_the_reply_and_the_next_turn_answers(gateway: str) -> None:

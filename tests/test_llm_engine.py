@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from avatar.errors import RequestError
 from avatar.llm.decoder import OrtDecoder
 from avatar.llm.engine import ChatEngine, EngineConfig
 from avatar.llm.sampling import SamplingParams
@@ -180,6 +181,26 @@ def test_session_memory_and_bounded_context(artifact, decoder):
     history = eng.sessions.history("a")
     assert history[0].role == "system" and history[1].content != "My name is Alice."
     assert eng.count_tokens(history[:-1]) <= 160 - 24
+
+
+def test_a_fork_starts_from_its_parent_and_leaves_it_unchanged(artifact, decoder):
+    """The gateway's speculative turn answers in a fork: a new session id that starts from
+    the parent's memory; the parent keeps its own, whatever the fork says or whether it ends."""
+    eng = engine(artifact, decoder)
+    run(eng, "My name is Alice.", session="parent")
+    parent = eng.sessions.history("parent")
+    greedy = json.dumps({"temperature": 0, "max_tokens": 8})
+    fork = eng.parse(turn("What is my name?"), "fork", greedy, parent_session_id="parent")
+    assert fork.messages[: len(parent)] == parent  # the parent's conversation, then the turn
+    eng.submit(fork, lambda event: None)
+    eng.scheduler.run_until_idle()
+    assert eng.sessions.history("parent") == parent
+    assert eng.sessions.history("fork")[: len(fork.messages)] == fork.messages
+    # a session with memory of its own keeps it; the parent's is not read again
+    again = eng.parse(turn("Thanks."), "fork", greedy, parent_session_id="other")
+    assert again.messages[: len(fork.messages)] == fork.messages
+    with pytest.raises(RequestError, match="parent_session_id"):
+        eng.parse(turn("Hi."), "x", greedy, parent_session_id="bad\nid")
 
 
 def test_cached_conversations_hold_the_kv_of_their_own_tokens(artifact, decoder):

@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from avatar.errors import RequestError, parse_json
+from avatar.errors import RequestError, check_session_id, parse_json
 from avatar.llm.cache import PrefixCache
 from avatar.llm.decoder import Decoder
 from avatar.llm.sampling import Sampler, SamplingParams
@@ -33,9 +33,6 @@ DEFAULT_PERSONA = (
     "You are Mia, a warm and cheerful receptionist avatar. "
     "Answer in one to three short spoken sentences."
 )
-
-
-MAX_SESSION_ID_CHARS = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,14 +91,17 @@ class ChatEngine:
         return decoder.cache if isinstance(decoder, KvCacheSequences) else None
 
     def parse(
-        self, messages_json: str, session_id: str = "", sampling_json: str = ""
+        self,
+        messages_json: str,
+        session_id: str = "",
+        sampling_json: str = "",
+        parent_session_id: str = "",
     ) -> ChatRequest:
-        """Decode and validate a request; raise RequestError saying what is wrong."""
-        if len(session_id) > MAX_SESSION_ID_CHARS or not session_id.isprintable():
-            raise RequestError(
-                f"session_id {session_id[:20]!r}... is not a session id: expected at most "
-                f"{MAX_SESSION_ID_CHARS} printable characters"
-            )
+        """Decode and validate a request; raise RequestError saying what is wrong. A session
+        with no memory yet starts from `parent_session_id`'s (a fork: the gateway's
+        speculative turn answers in a copy of the conversation, kept only if confirmed)."""
+        session_id = check_session_id(session_id)
+        parent_session_id = check_session_id(parent_session_id, "parent_session_id")
         data = parse_json(messages_json, "messages")
         new = parse_messages(data, self.config.max_prompt_chars)
         sampling = self.config.sampling
@@ -111,6 +111,8 @@ class ChatEngine:
                 raise RequestError("sampling must be a JSON object")
             sampling = SamplingParams.from_json(raw, self.config.sampling)
         history = self.sessions.history(session_id) if session_id else []
+        if session_id and not history and parent_session_id:
+            history = self.sessions.history(parent_session_id)
         if new[0].role == "system" and history:
             history = history[1:] if history[0].role == "system" else history
             full = [new[0], *history, *new[1:]]

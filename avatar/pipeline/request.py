@@ -10,13 +10,12 @@ from typing import Any
 import numpy as np
 
 from avatar.animation.pipeline import AnimationConfig
-from avatar.errors import RequestError, parse_json
+from avatar.errors import RequestError, check_session_id, parse_json
 
 AUDIO_RATE = 16000
 MAX_TEXT_CHARS = 2000
 MAX_TOKENS_RANGE = (1, 512)
 MAX_PERSONA_CHARS = 4000
-MAX_SESSION_ID_CHARS = 128
 
 
 AUTO_EMOTION = "auto"
@@ -113,6 +112,7 @@ class TurnRequest:
     session_id: str
     controls: Controls
     turn_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
+    parent_session_id: str = ""  # a new session starts from this one's memory (a fork)
 
 
 def parse_turn(
@@ -121,6 +121,8 @@ def parse_turn(
     session_id: str = "",
     controls: str = "",
     max_audio_s: float = 60.0,
+    *,
+    parent_session_id: str = "",
 ) -> TurnRequest:
     """Validate the raw inputs of one turn; raises RequestError on bad input."""
     if (audio is None) == (text is None):
@@ -141,10 +143,10 @@ def parse_turn(
             raise RequestError("text is empty; expected the user's words")
         if len(text) > MAX_TEXT_CHARS:
             raise RequestError(f"text has {len(text)} characters; at most {MAX_TEXT_CHARS}")
-    session_id = session_id.strip()
-    if len(session_id) > MAX_SESSION_ID_CHARS or not session_id.isprintable():
-        raise RequestError(
-            f"session_id {session_id[:20]!r}... is not a session id: expected at most "
-            f"{MAX_SESSION_ID_CHARS} printable characters"
-        )
-    return TurnRequest(audio, text or "", session_id, Controls.from_json(controls))
+    return TurnRequest(
+        audio,
+        text or "",
+        check_session_id(session_id),
+        Controls.from_json(controls),
+        parent_session_id=check_session_id(parent_session_id, "parent_session_id"),
+    )

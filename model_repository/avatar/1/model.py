@@ -141,6 +141,8 @@ class TritonPythonModel:
         }
         if request.session_id:
             inputs["session_id"] = _bytes(request.session_id)
+        if request.parent_session_id:
+            inputs["parent_session_id"] = _bytes(request.parent_session_id)
         pending, stats = "", {}
         replies = bls.stream(
             self.llm_model,
@@ -214,6 +216,7 @@ class TritonPythonModel:
                     _optional_text(request, "session_id") or "",
                     _optional_text(request, "controls") or "",
                     self.max_audio_s,
+                    parent_session_id=_optional_text(request, "parent_session_id") or "",
                 )
             except Exception as error:  # this request fails; the model keeps serving
                 pb_utils.Logger.log_warn(f"avatar: {type(error).__name__}: {error}")

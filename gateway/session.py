@@ -49,6 +49,9 @@ class SessionOptions:
     # conversation (a new session id with the session's memory), and hold its messages
     # until the end of speech is confirmed; then they are sent and the conversation goes on
     # in the fork. Speech that resumes cancels it and leaves the conversation as it was.
+    # Off: on 2 CPU cores the speculative transcript itself arrives ~0.1 s after the
+    # endpoint, so the reply cannot start sooner (python -m perf latency --settings today
+    # spec_turn: first audio 1.13x / 0.97x / 0.95x at 1 / 2 / 4 sessions; docs/performance.md 7).
     speculate_turn: bool = False
 
 

@@ -149,3 +149,31 @@ def test_long_audio_cut_by_silero_vad(runtime, vocab):
     assert result.segments[-1].end > 30 and result.language == "en"
     starts = [s.start for s in result.segments]
     assert starts == sorted(starts)
+
+
+def test_a_short_window_never_stamps_past_its_end(runtime, vocab):
+    """A window in proportion to the audio holds padding after its end. Whisper once walked
+    its timestamps on through it to 23.8 s on this question ("How" + 224 stamps, one decoder
+    step each, ~3.5 s of ASR); timestamps past the window are now masked."""
+    from avatar.asr.features import log_mel
+    from avatar.asr.greedy import WhisperRuntime
+    from avatar.asr.transcribe import AsrOptions, window_frames
+    from avatar.audio import reference_speech
+
+    audio = reference_speech("How much is parking in the garage?")
+    options = AsrOptions(window_step=100, window_margin=300)  # model_repository/asr's
+    window_s = window_frames(log_mel(audio).shape[1] - 1, 100, 300) / 100
+    steps = []
+
+    class Counting(WhisperRuntime):  # the artifacts' runtime, its decoder steps counted
+        def encode(self, mel):
+            return runtime.encode(mel)
+
+        def decode(self, tokens, self_kv, cross_kv):
+            steps.append(tokens.shape)
+            return runtime.decode(tokens, self_kv, cross_kv)
+
+    (result,) = transcribe(Counting(), vocab, [audio], options)
+    assert len(steps) <= 40, f"{len(steps)} decoder steps for a 1.8-s question"
+    assert result.segments and max(s.end for s in result.segments) <= window_s
+    assert wer("How much is parking in the garage?", result.text) <= 0.5, result.text

@@ -15,6 +15,8 @@ import numpy as np
 from avatar.asr.rules import apply_rules, log_softmax
 from avatar.asr.vocab import WhisperVocab
 
+FRAMES_PER_TIMESTAMP = 2  # a timestamp token is 0.02 s: one encoder position, 2 mel frames
+
 
 class WhisperRuntime(abc.ABC):
     """The exported Whisper networks. Shapes: L decoder layers, H heads, Dh = d_model / H."""
@@ -90,6 +92,7 @@ def greedy_decode(
             step == 0,
             timestamps=options.timestamps,
             max_initial_timestamp_index=options.max_initial_timestamp_index,
+            max_timestamp_index=mel.shape[2] // FRAMES_PER_TIMESTAMP,
         )
         logprobs = log_softmax(masked)
         next_tokens = masked.argmax(-1)

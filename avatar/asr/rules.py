@@ -25,10 +25,12 @@ def apply_rules(
     *,
     timestamps: bool = True,
     max_initial_timestamp_index: int | None = 50,
+    max_timestamp_index: int | None = None,
 ) -> np.ndarray:
     """Mask `logits` [batch, vocab] (a copy) given the tokens sampled so far per row.
 
     sampled: per row, the tokens sampled after the prompt. first_step: no token sampled yet.
+    max_timestamp_index: the window's end (a window shorter than 30 s): no timestamp past it.
     """
     logits = np.array(logits, dtype=np.float32)
     if first_step:
@@ -39,6 +41,10 @@ def apply_rules(
         return logits
     ts = vocab.timestamp_begin
     logits[:, vocab.no_timestamps] = -np.inf
+    if max_timestamp_index is not None:
+        # A short window's encoder states past its end are padding: without this, Whisper can
+        # walk timestamps on to 30 s, one BLS step each ("How" + 224 stamps up to 23.8 s).
+        logits[:, ts + max_timestamp_index + 1 :] = -np.inf
     for k, seq in enumerate(sampled):
         last_ts = len(seq) >= 1 and seq[-1] >= ts
         penultimate_ts = len(seq) < 2 or seq[-2] >= ts

@@ -115,6 +115,16 @@ def test_tts_failure_gives_text_with_error_flag():
     assert any("voice broke" in e for e in final.errors)
 
 
+def test_reply_pieces_with_nothing_to_say_are_skipped():
+    """An LLM piece of emoji only is not spoken, not shown and not an error."""
+    fake = FakeStages(reply=("Nice!", " 🍎💡 ", "See you."))
+    events, final = run(fake)
+    sentences = [e for e in events if isinstance(e, SentenceEvent)]
+    assert [s.text for s in sentences] == ["Nice!", "See you."]
+    assert [s.index for s in sentences] == [0, 1] and final.errors == []
+    assert [text for kind, text, _ in fake.log if kind == "tts"] == ["Nice!", "See you."]
+
+
 def test_llm_timeout_gives_fallback_reply():
     fake = FakeStages(llm_delay=1.0)
     config = PipelineConfig(llm_timeout_s=0.2, fallback_reply="One moment please.")

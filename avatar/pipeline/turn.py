@@ -247,6 +247,11 @@ def _sentences(
                 errors.append("llm: answered with the configured fallback reply")
                 yield from [config.fallback_reply] if config.fallback_reply.strip() else []
             return
+        if not any(c.isalnum() for c in item):
+            # an LLM piece with nothing to say ("🍎💡"): the TTS would refuse it, and a turn
+            # that spoke every word would report an error
+            log.debug("skipped a reply piece with no letter or digit: %r", item)
+            continue
         got += 1
         yield item
 

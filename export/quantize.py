@@ -20,6 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
+log = logging.getLogger(__name__)
+
+VARIANT_FILE = "model.int8.onnx"  # beside model.onnx; its gate in validation.variants
+
 
 class FeedReader:
     """onnxruntime CalibrationDataReader over recorded feeds."""
@@ -120,3 +124,24 @@ def side_by_side(
             "speedup": round(fp32 / int8, 2),
         }
     return speed
+
+
+def faster(speed: dict[str, dict[str, float]]) -> bool:
+    """Whether INT8 was faster at every batch of a `side_by_side` result."""
+    return all(v["speedup"] > 1.0 for v in speed.values())
+
+
+def logged(model: str, record: dict) -> dict:
+    """`record` (a variant's gate record), after logging its verdict."""
+    verdict = "passes its gate" if record["passes_gate"] else "fails its gate"
+    log.info("%s %s: %s (%s)", model, VARIANT_FILE, verdict, record["why"])
+    return record
+
+
+def built_record(model: str) -> tuple[Path, dict]:
+    """The artifact folder of `model` (built when not cached) and its variant's gate record."""
+    from avatar.sidecar import Sidecar
+    from export.registry import ensure_all
+
+    folder = ensure_all([model])[model]
+    return folder, Sidecar.load(folder).validation["variants"][VARIANT_FILE]

@@ -23,13 +23,13 @@ from avatar.animation.tables import ARKIT_NAMES
 from avatar.errors import RequestError
 from avatar.pipeline.request import Controls
 from avatar.vad import CHUNK, CHUNK_S, Endpointer, VadStream
+from avatar.vad import OUTPUTS as VAD_OUTPUTS
 from clients.avatar_stream import OUTPUTS, decode_response
 from gateway import protocol
 
 log = logging.getLogger(__name__)
 
 AVATAR_OUTPUTS = tuple(n for n in OUTPUTS if n != "video")  # the page draws the face
-VAD_OUTPUTS = ("speech_prob", "next_context", "next_state")
 MAX_TEXT_CHARS = 2000
 END_SILENCE_RANGE = (0.2, 2.0)  # seconds of silence that end an utterance (a control)
 

@@ -13,7 +13,7 @@ Sample = dict[str, np.ndarray]
 def vad_samples(count: int = 32) -> list[Sample]:
     """`count` consecutive chunks of real speech with the states the model really reaches."""
     from avatar.audio import reference_speech
-    from avatar.vad import VadStream, chunks
+    from avatar.vad import OUTPUTS, VadStream, chunks
     from export.common import onnx_session
     from export.registry import ensure_all
 
@@ -23,8 +23,7 @@ def vad_samples(count: int = 32) -> list[Sample]:
     for chunk in chunks(speech)[:count]:
         feeds = stream.inputs(chunk[None])
         samples.append({k: v[0] for k, v in feeds.items()})
-        names = ["speech_prob", "next_context", "next_state"]
-        stream.update(dict(zip(names, session.run(names, feeds), strict=True)))
+        stream.update(dict(zip(OUTPUTS, session.run(list(OUTPUTS), feeds), strict=True)))
     return samples
 
 

@@ -50,40 +50,51 @@ from perf.report import DEFAULT_OUT, plot_bars, write_rows
 log = logging.getLogger(__name__)
 OUT = DEFAULT_OUT / "latency"
 SETTINGS = ("today", "release", "fp32", "threads2", "spec_turn")
+# Which parameter of a BLS model names which model it calls (their config.pbtxt files).
+CALLEES: dict[str, dict[str, str]] = {
+    "asr": {"encoder_model": "asr_encoder", "decoder_model": "asr_decoder"},
+    "llm": {"decoder_model": "llm_decoder"},
+    "tts": {"vits_model": "tts_vits"},
+    "avatar": {
+        "asr_model": "asr",
+        "llm_model": "llm",
+        "tts_model": "tts",
+        "emotion_model": "emotion_encoder",
+    },
+}
+
+
+def chain(setting: str, changed: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+    """Copies `<model>_<setting>`: the `changed` models with their parameters, and every
+    caller up to `avatar` of a copied model, re-pointed at the copies."""
+    copies = {name: dict(values) for name, values in changed.items()}
+    for caller, params in CALLEES.items():  # callers after their callees
+        repointed = {k: f"{m}_{setting}" for k, m in params.items() if m in copies}
+        if repointed:
+            copies[caller] = {**copies.get(caller, {}), **repointed}
+    return copies
+
+
 # the settings besides today's, as config parameters of copies `<model>_<setting>` of the
 # materialised models; the gateway of a setting talks to its `avatar_<setting>`
 COPIES: dict[str, dict[str, dict[str, str]]] = {
-    "release": {
-        "asr": {"window_step": "0", "window_margin": "0"},
-        "llm": {"first_clause_words": "0"},
-        "avatar": {"asr_model": "asr_release", "llm_model": "llm_release"},
-    },
-    "fp32": {  # the embedded runner's `onnx_file`: the graph it serves
-        "llm_decoder": {"onnx_file": "model.onnx"},
-        "llm": {"decoder_model": "llm_decoder_fp32"},
-        "tts_vits": {"onnx_file": "model.onnx"},
-        "tts": {"vits_model": "tts_vits_fp32"},
-        "emotion_encoder": {"onnx_file": "model.onnx"},
-        "avatar": {
-            "llm_model": "llm_fp32",
-            "tts_model": "tts_fp32",
-            "emotion_model": "emotion_encoder_fp32",
+    "release": chain(
+        "release",
+        {"asr": {"window_step": "0", "window_margin": "0"}, "llm": {"first_clause_words": "0"}},
+    ),
+    # the embedded runner's `onnx_file`: the graph it serves
+    "fp32": chain(
+        "fp32",
+        {m: {"onnx_file": "model.onnx"} for m in ("llm_decoder", "tts_vits", "emotion_encoder")},
+    ),
+    # ONNX Runtime intra-op threads 2 (the defaults use 1) where a turn waits
+    "threads2": chain(
+        "threads2",
+        {
+            m: {"intra_op_threads": "2"}
+            for m in ("asr_encoder", "asr_decoder", "llm_decoder", "tts_vits")
         },
-    },
-    "threads2": {  # ONNX Runtime intra-op threads 2 (the defaults use 1) where a turn waits
-        "asr_encoder": {"intra_op_threads": "2"},
-        "asr_decoder": {"intra_op_threads": "2"},
-        "asr": {"encoder_model": "asr_encoder_threads2", "decoder_model": "asr_decoder_threads2"},
-        "llm_decoder": {"intra_op_threads": "2"},
-        "llm": {"decoder_model": "llm_decoder_threads2"},
-        "tts_vits": {"intra_op_threads": "2"},
-        "tts": {"vits_model": "tts_vits_threads2"},
-        "avatar": {
-            "asr_model": "asr_threads2",
-            "llm_model": "llm_threads2",
-            "tts_model": "tts_threads2",
-        },
-    },
+    ),
 }
 MILESTONES = (
     "endpoint",

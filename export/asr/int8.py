@@ -58,7 +58,7 @@ from export.asr.human import MissingRecordingsError, human_clips
 from export.asr.weights import packaged_ct2_dir
 from export.asr.wer import corpus_wer
 from export.common import cache_root
-from export.quantize import linear_nodes, quantize_qdq, side_by_side
+from export.quantize import VARIANT_FILE, faster, linear_nodes, quantize_qdq, side_by_side
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,6 @@ SCHEMES = (
     Scheme("minmax-attention", linear_only=True, method="MinMax", skip=("/fc1", "/fc2")),
 )
 BUILT = SCHEMES[3]  # minmax-linear-no-fc2: within the gate for both networks
-VARIANT_FILE = "model.int8.onnx"
 
 
 def _quantize(source: Path, out: Path, feeds: list[dict[str, np.ndarray]], scheme: Scheme):
@@ -225,8 +224,7 @@ def build_variant(kind: str, out_dir: Path, model) -> dict:
             "calibration": "calibration.json",
         }
     int8_runtime = half_onnx(kind, out_dir / VARIANT_FILE, reference)
-    longs = long_form_clips()
-    speech = [vad_speech(c.audio) for c in longs]
+    longs, speech = long_form_set()
     runtimes = {"fp32": fp32_runtime, "int8": int8_runtime}
     sets = {
         "short": {n: word_error_rate(r, vocab, humans) for n, r in runtimes.items()},
@@ -257,7 +255,7 @@ def build_variant(kind: str, out_dir: Path, model) -> dict:
         },
         "why": "within the gate on both sets" if passes else "; ".join(failures),
         "speed_1_thread": speed,
-        "faster": all(v["speedup"] > 1.0 for v in speed.values()),
+        "faster": faster(speed),
         "scheme": BUILT.name,
         "calibration": "calibration.json",
     }
@@ -325,20 +323,18 @@ def long_form_clips() -> list[Clip]:
 
 
 @lru_cache(maxsize=1)
-def _vad_run():
-    from avatar.vad import onnx_vad
+def long_form_set() -> tuple[list[Clip], list[list[tuple[float, float]]]]:
+    """`long_form_clips()` and their speech segments (seconds) from the exported VAD, as the
+    `asr` model finds them; made once per process: the encoder and the decoder builds (and
+    `measure`) judge on the same set."""
+    from avatar.vad import onnx_vad, speech_probabilities, speech_segments
     from export.common import ensure, onnx_session
     from export.vad.recipe import VadRecipe
 
-    return onnx_vad(onnx_session(ensure(VadRecipe()) / "model.onnx"))
-
-
-def vad_speech(audio: np.ndarray) -> list[tuple[float, float]]:
-    """Speech segments (seconds) of `audio` from the exported VAD, as the `asr` model finds
-    them."""
-    from avatar.vad import speech_probabilities, speech_segments
-
-    return [(s.start_s, s.end_s) for s in speech_segments(speech_probabilities(_vad_run(), audio))]
+    run = onnx_vad(onnx_session(ensure(VadRecipe()) / "model.onnx"))
+    longs = long_form_clips()
+    speech = [speech_segments(speech_probabilities(run, c.audio)) for c in longs]
+    return longs, [[(s.start_s, s.end_s) for s in found] for found in speech]
 
 
 def long_form_wer(
@@ -439,8 +435,7 @@ def measure(encoder_dir: Path, decoder_dir: Path, schemes=SCHEMES, timed: bool =
             variants = {k: v for k, v in built.items() if v.is_file()}
         enc, dec = (scheme.name, variants.get("encoder")), (scheme.name, variants.get("decoder"))
         pairs += [p for p in ((enc, fp32[1]), (fp32[0], dec), (enc, dec)) if p[0][1] and p[1][1]]
-    humans, longs = gate_clips(), long_form_clips()
-    speech = [vad_speech(c.audio) for c in longs]
+    humans, (longs, speech) = gate_clips(), long_form_set()
     rows = []
     for (enc, enc_path), (dec, dec_path) in pairs:
         runtime = OnnxWhisperRuntime(enc_path, dec_path)

@@ -33,11 +33,18 @@ import numpy as np
 from avatar.animation.emotion_classifier import EmotionClassifier, SentenceTokenizer
 from avatar.animation.tables import EMOTIONS
 from export.common import onnx_session
-from export.quantize import linear_nodes, quantize_qdq, side_by_side
+from export.quantize import (
+    VARIANT_FILE,
+    built_record,
+    faster,
+    linear_nodes,
+    logged,
+    quantize_qdq,
+    side_by_side,
+)
 
 log = logging.getLogger(__name__)
 
-VARIANT_FILE = "model.int8.onnx"
 CALIBRATION_FILE = "calibration.json"
 SCHEME = "minmax-linear-no-ffn-out-u8s8"
 SKIP = ("/output/dense",)  # the MLP down projections stay FP32
@@ -103,7 +110,7 @@ def gate(fp32_path: Path, int8_path: Path) -> dict:
         "labels_as_fp32": round(agreement, 4),
         "intensity_mad": round(intensity_mad, 4),
         "speed_1_thread": speed,
-        "faster": all(v["speedup"] > 1.0 for v in speed.values()),
+        "faster": faster(speed),
         "calibration": CALIBRATION_FILE,
     }
 
@@ -127,19 +134,12 @@ def build_variant(out_dir: Path) -> dict:
         nodes=[n for n in linear_nodes(source) if not any(k in n for k in SKIP)],
         symmetric=False,
     )
-    record = gate(source, out_dir / VARIANT_FILE)
-    verdict = "passes its gate" if record["passes_gate"] else "fails its gate"
-    log.info("emotion_encoder %s: %s (%s)", VARIANT_FILE, verdict, record["why"])
-    return record
+    return logged("emotion_encoder", gate(source, out_dir / VARIANT_FILE))
 
 
 def main() -> None:
-    from avatar.sidecar import Sidecar
-    from export.registry import ensure_all
-
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    folder = ensure_all(["emotion_encoder"])["emotion_encoder"]
-    record = Sidecar.load(folder).validation["variants"][VARIANT_FILE]
+    folder, record = built_record("emotion_encoder")
     log.info("%s", json.dumps(record, indent=1))
     again = gate(folder / "model.onnx", folder / VARIANT_FILE)["speed_1_thread"]
     log.info("speed measured again now (1 thread): %s", json.dumps(again))

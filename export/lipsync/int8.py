@@ -31,11 +31,10 @@ from pathlib import Path
 import numpy as np
 
 from export.common import onnx_session
-from export.quantize import quantize_qdq, side_by_side
+from export.quantize import VARIANT_FILE, built_record, faster, logged, quantize_qdq, side_by_side
 
 log = logging.getLogger(__name__)
 
-VARIANT_FILE = "model.int8.onnx"
 CALIBRATION_FILE = "calibration.json"
 SCHEME = "minmax-conv-no-frontend-u8s8"
 FRONT_END = ("/features/",)  # STFT Conv and mel MatMul stay FP32
@@ -113,7 +112,7 @@ def gate(fp32_path: Path, int8_path: Path) -> dict:
         "bilabials_closed": {n: round(v, 4) for n, v in closures.items()},
         "bilabials": clean["fp32"].bilabials,
         "speed_1_thread_3s_windows": speed,
-        "faster": all(v["speedup"] > 1.0 for v in speed.values()),
+        "faster": faster(speed),
         "calibration": CALIBRATION_FILE,
     }
 
@@ -147,20 +146,12 @@ def build_variant(out_dir: Path) -> dict:
         nodes=convs,
         symmetric=False,
     )
-    record = gate(source, out_dir / VARIANT_FILE)
-    verdict = "passes its gate" if record["passes_gate"] else "fails its gate"
-    log.info("lipsync %s: %s (%s)", VARIANT_FILE, verdict, record["why"])
-    return record
+    return logged("lipsync", gate(source, out_dir / VARIANT_FILE))
 
 
 def main() -> None:
-    from avatar.sidecar import Sidecar
-    from export.registry import ensure_all
-
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    folder = ensure_all(["lipsync"])["lipsync"]
-    record = Sidecar.load(folder).validation["variants"][VARIANT_FILE]
-    print(json.dumps(record, indent=1))
+    print(json.dumps(built_record("lipsync")[1], indent=1))
 
 
 if __name__ == "__main__":

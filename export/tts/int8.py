@@ -28,12 +28,11 @@ from avatar.tts.phonemes import Phonemizer, prepare
 from avatar.tts.synth import Controls, Synthesizer, batch_inputs, onnx_infer
 from avatar.tts.voice import packaged_voice
 from export.common import onnx_session
-from export.quantize import quantize_qdq, side_by_side
+from export.quantize import VARIANT_FILE, faster, logged, quantize_qdq, side_by_side
 from export.tts.intelligibility import WER_SENTENCES, rtf, transcriber, word_errors
 
 log = logging.getLogger(__name__)
 
-VARIANT_FILE = "model.int8.onnx"
 CALIBRATION_FILE = "calibration.json"
 CALIBRATION_SENTENCES = (
     "Calibration uses sentences that the word error rate does not.",
@@ -112,7 +111,7 @@ def gate(fp32_path: Path, int8_path: Path) -> dict:
         "phoneme_duration_mad_ms": round(phoneme_ms, 2),
         "max_length_change": round(length, 4),
         "rtf_1_thread": speed,
-        "faster": all(v["speedup"] > 1.0 for v in speed.values()),
+        "faster": faster(speed),
         "calibration": CALIBRATION_FILE,
     }
 
@@ -124,7 +123,4 @@ def build_variant(out_dir: Path) -> dict:
         json.dumps({"method": "MinMax", "seed": 99, "sentences": CALIBRATION_SENTENCES}, indent=1)
     )
     quantize(out_dir / "model.onnx", out_dir / VARIANT_FILE)
-    record = gate(out_dir / "model.onnx", out_dir / VARIANT_FILE)
-    verdict = "passes its gate" if record["passes_gate"] else "fails its gate"
-    log.info("tts_vits %s: %s (%s)", VARIANT_FILE, verdict, record["why"])
-    return record
+    return logged("tts_vits", gate(out_dir / "model.onnx", out_dir / VARIANT_FILE))

@@ -61,8 +61,8 @@ def test_int8_variant_gate(artifact):
     first tokens) follows its recorded figures; agreement and speed are recorded beside."""
     from export.llm import recipe
 
-    record = Sidecar.load(artifact).validation["variants"][recipe.INT8_FILE]
-    assert (artifact / recipe.INT8_FILE).is_file()
+    record = Sidecar.load(artifact).validation["variants"][recipe.VARIANT_FILE]
+    assert (artifact / recipe.VARIANT_FILE).is_file()
     rise = record["perplexity"]["int8"] / record["perplexity"]["fp32"] - 1
     first = record["batch1"]["first_token"] / record["batch1"]["prompts"]
     assert record["passes_gate"] == (

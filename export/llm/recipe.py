@@ -6,7 +6,7 @@
 
 The artifact folder holds `model.onnx` (fp32: greedy tokens equal PyTorch's),
 `model.int8.onnx` (MatMulNBits 8-bit weights, built and gated with every export; the
-embedded CPU runner serves it while its gate passes: INT8_GATE below),
+embedded CPU runner serves it while its gate passes: MAX_PERPLEXITY_RISE and MIN_FIRST_TOKEN below),
 `model_int4.onnx` (4-bit, on request, reported), the tokenizer files with the chat
 template, and `model.json` (sidecar).
 """
@@ -24,7 +24,7 @@ from avatar.llm.decoder import OrtDecoder
 from avatar.sidecar import Sidecar, sha256_file
 from export.common import ArtifactRecipe, describe_onnx, ensure
 from export.llm import convert, decoder_onnx, verify
-from export.quantize import side_by_side
+from export.quantize import VARIANT_FILE, logged, side_by_side
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,6 @@ TOKENIZER_FILES = (
 )
 INT4_BLOCK = 32
 VARIANT_GATE = 0.9  # int4: fraction of prompts whose 32 greedy tokens must equal fp32's
-INT8_FILE = "model.int8.onnx"
 # The INT8 gate measures the task: the model's perplexity on held-out text (is it a worse
 # language model?) and the first token of each persona reply (does the avatar start its
 # answers the same way?). Greedy 32-token identity and first-sentence identity are recorded,
@@ -140,7 +139,7 @@ class LlmDecoderRecipe(ArtifactRecipe):
             reference, fp32, prompts, self.new_tokens, pad
         )
         validation["default_variant"] = "model.onnx"
-        validation["variants"] = {INT8_FILE: self._int8(out_dir, fp32, tokenizer, prompts)}
+        validation["variants"] = {VARIANT_FILE: self._int8(out_dir, fp32, tokenizer, prompts)}
         if self.int4:
             validation["variants"]["model_int4.onnx"] = self._int4(out_dir, fp32, prompts, pad)
             if validation["variants"]["model_int4.onnx"]["passes_gate"]:
@@ -152,7 +151,7 @@ class LlmDecoderRecipe(ArtifactRecipe):
         and first-sentence agreement and the decode step's speed recorded beside."""
         from training.emotion.train import load_sentences
 
-        path = out_dir / INT8_FILE
+        path = out_dir / VARIANT_FILE
         quantize_weights(out_dir / "model.onnx", path, bits=8)
         int8 = OrtDecoder(path)
         record: dict = {"quantization": "MatMulNBits 8-bit, asymmetric, blocks of 32, int8 "
@@ -198,8 +197,7 @@ class LlmDecoderRecipe(ArtifactRecipe):
             f"({rise:+.2%}, at most +{MAX_PERPLEXITY_RISE:.0%}), first tokens as FP32 "
             f"{first:.2f} (>= {MIN_FIRST_TOKEN})"
         )
-        log.info("int8 variant: %s (%s)", "passes" if not failures else "fails", record["why"])
-        return record
+        return logged("llm_decoder", record)
 
     def _int4(self, out_dir: Path, fp32: OrtDecoder, prompts, pad: int) -> dict:
         """4-bit weight-only variant: agreement with fp32 ORT (batch 1 and padded batch),

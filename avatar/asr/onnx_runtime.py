@@ -8,10 +8,17 @@ import numpy as np
 
 from avatar.asr.greedy import WhisperRuntime
 
+# The asr_decoder artifact holds two graphs of one network: `model.onnx`, the sequence form
+# served with implicit state (its cross-attention K/V and self-attention cache are state
+# inputs/outputs), and this stateless step (tokens, self_kv, cross_kv -> logits,
+# self_kv_out), which in-process code and the embedded runner run with the caches they hold.
+DECODER_STEP_FILE = "model.step.onnx"
+
 
 class OnnxWhisperRuntime(WhisperRuntime):
-    """encoder/decoder: paths of the `asr_encoder` and `asr_decoder` ONNX files (None: that
-    network is not loaded, for a runtime that takes the other half elsewhere)."""
+    """encoder/decoder: paths of the `asr_encoder` ONNX file and the `asr_decoder` step
+    (DECODER_STEP_FILE; None: that network is not loaded, for a runtime that takes the
+    other half elsewhere)."""
 
     def __init__(self, encoder: Path | None, decoder: Path | None, threads: int = 1):
         import onnxruntime as ort

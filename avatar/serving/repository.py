@@ -54,10 +54,17 @@ def _runner_model_py(module: str) -> str:
     )
 
 
-RUNNER_MODEL_PY = _runner_model_py("avatar.triton.onnx_runner")
+RUNNER = "avatar.triton.onnx_runner"
 # models with implicit state (sequence_batching.state): the python backend has no implicit
-# state, so this runner keeps each sequence's state itself (see embedded_config)
-SEQUENCE_RUNNER_MODEL_PY = _runner_model_py("avatar.triton.sequence_runner")
+# state, so a runner keeps each sequence's state itself (see embedded_config); a config
+# names its own with the `embedded_runner` parameter (the state's meaning is the model's)
+SEQUENCE_RUNNER = "avatar.triton.sequence_runner"
+
+
+def runner_module(config: mc.ModelConfig) -> str:
+    """The python module that serves a native model in the embedded target."""
+    named = config.parameters["embedded_runner"].string_value
+    return named or (SEQUENCE_RUNNER if has_state(config) else RUNNER)
 
 
 class RepositoryError(ValueError):
@@ -351,8 +358,7 @@ def materialize(
         else:
             onnx_file = onnx_variant(config, artifact_dir)
             _place(artifact_dir / onnx_file, version_dir / onnx_file)
-            runner = SEQUENCE_RUNNER_MODEL_PY if has_state(config) else RUNNER_MODEL_PY
-            (version_dir / "model.py").write_text(runner)
+            (version_dir / "model.py").write_text(_runner_model_py(runner_module(config)))
             header = (
                 f"# Generated from model_repository/{name}/config.pbtxt for the embedded target:\n"
                 f"# {declared} served by the ONNX Runtime python runner ({onnx_file}); edit "

@@ -49,55 +49,73 @@ class TritonPythonModel:
                 f"{self.name}: sequence_batching.state must pair each past_key_values.* input "
                 f"with its present.* output; the config has {declared}"
             )
-        batching = config.get("sequence_batching", {})
-        idle_us = int(batching.get("max_sequence_idle_microseconds") or DEFAULT_IDLE_US)
-        candidates = int(batching.get("oldest", {}).get("max_candidate_sequences") or 64)
+        idle_s, candidates = batcher_limits(config)
         self.sequences = KvCacheSequences(
             decoder,
             PrefixCache(params.int("prefix_cache_entries", 16)),
-            idle_timeout_s=idle_us / 1e6,
+            idle_timeout_s=idle_s,
             max_sequences=candidates,
         )
         pb_utils.Logger.log_info(
             f"{self.name}: KV cache kept per sequence for {path.name} "
-            f"(emulated implicit state, idle timeout {idle_us / 1e6:g} s)"
+            f"(emulated implicit state, idle timeout {idle_s:g} s)"
         )
 
     def execute(self, requests: list) -> list:
-        steps: list[Step | Exception] = []
-        for request in requests:
-            try:
-                step = _step(request)
-                self.sequences.check(step)
-                steps.append(step)
-            except Exception as error:  # this request fails; the others run
-                steps.append(error)
-        valid = [s for s in steps if isinstance(s, Step)]
+        return run_steps(self.name, requests, _step, self.sequences, _logits_response)
+
+
+def run_steps(name: str, requests: list, parse, sequences, respond) -> list:
+    """One execution of a sequence runner: each request parsed into a step (`parse`) and
+    checked; the valid steps run as one call of `sequences`; `respond(logits)` makes each
+    response. A bad step fails its request only; a failed call fails this batch's requests
+    and frees their sequences."""
+    steps: list = []
+    for request in requests:
         try:
-            logits = iter(self.sequences.run(valid) if valid else [])
-        except Exception as error:  # the batch failed: each of its requests says why
-            pb_utils.Logger.log_warn(f"{self.name}: {type(error).__name__}: {error}")
-            for step in valid:
-                self.sequences.release(step.sequence_id)
-            return [error_response(error) for _ in requests]
-        responses = []
-        for step in steps:
-            if isinstance(step, Exception):
-                responses.append(error_response(step))
-            else:
-                row = next(logits)[None, None, :].astype(np.float32, copy=False)
-                responses.append(
-                    pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("logits", row)])
-                )
-        return responses
+            step = parse(request)
+            sequences.check(step)
+            steps.append(step)
+        except Exception as error:  # this request fails; the others run
+            steps.append(error)
+    valid = [s for s in steps if not isinstance(s, Exception)]
+    try:
+        logits = iter(sequences.run(valid) if valid else [])
+    except Exception as error:  # the batch failed: each of its requests says why
+        pb_utils.Logger.log_warn(f"{name}: {type(error).__name__}: {error}")
+        for step in valid:
+            sequences.release(step.sequence_id)
+        return [error_response(error) for _ in requests]
+    return [
+        error_response(step) if isinstance(step, Exception) else respond(next(logits))
+        for step in steps
+    ]
+
+
+def batcher_limits(config: dict) -> tuple[float, int]:
+    """(idle timeout in seconds, most open sequences) from the config's sequence_batching."""
+    batching = config.get("sequence_batching", {})
+    idle_us = int(batching.get("max_sequence_idle_microseconds") or DEFAULT_IDLE_US)
+    return idle_us / 1e6, int(batching.get("oldest", {}).get("max_candidate_sequences") or 64)
+
+
+def sequence_step(request) -> tuple[int, bool, bool]:
+    """(correlation id, START, END) of a step request; RequestError without an id."""
+    value = request.correlation_id()
+    if not value:
+        raise RequestError("a step needs a correlation id (sequence id), none was given")
+    start = bool(input_array(request, "START").reshape(-1)[0])
+    end = bool(input_array(request, "END").reshape(-1)[0])
+    return int(value), start, end
+
+
+def _logits_response(logits: np.ndarray):
+    row = logits[None, None, :].astype(np.float32, copy=False)
+    return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("logits", row)])
 
 
 def _step(request) -> Step:
-    sequence_id = request.correlation_id()
-    if not sequence_id:
-        raise RequestError("a step needs a correlation id (sequence id), none was given")
     ids = input_array(request, "input_ids").reshape(-1)
     mask = input_array(request, "attention_mask").reshape(-1)
-    start = bool(input_array(request, "START").reshape(-1)[0])
-    end = bool(input_array(request, "END").reshape(-1)[0])
-    return Step(int(sequence_id), ids.tolist(), int(mask.size - ids.size), start, end)
+    sequence, start, end = sequence_step(request)
+    return Step(sequence, ids.tolist(), int(mask.size - ids.size), start, end)

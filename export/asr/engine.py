@@ -26,7 +26,9 @@ class Profile(ShapeProfile):
 
     frames/positions go down to the asr model's smallest window (window_step 100 +
     window_margin 300: 400 frames), optimised for a 3-s question (600 frames); the
-    self-attention cache starts empty (past = 0).
+    self-attention cache starts empty (past = 0). The decoder's cross-attention state
+    (cached_positions) is empty on a sequence's START step, where encoder_kv carries the
+    window's K/V (new_positions), and holds it on every later step, where encoder_kv is empty.
     """
 
     batch: Range = (1, 4, MAX_BATCH)
@@ -34,6 +36,8 @@ class Profile(ShapeProfile):
     positions: Range = (200, 300, N_FRAMES // 2)
     tokens: Range = (1, 1, 3)  # <|sot|>, then <|lang|><|task|>[<|notimestamps|>]
     past: Range = (0, 32, MAX_TEXT - 1)
+    cached_positions: Range = (0, 300, N_FRAMES // 2)
+    new_positions: Range = (0, 0, N_FRAMES // 2)
 
 
 # int8: from the Q/DQ variant model.int8.onnx (explicit quantisation, its WER gate in the

@@ -50,7 +50,7 @@ import numpy as np
 
 from avatar.asr.features import log_mel, pad_or_trim
 from avatar.asr.greedy import WhisperRuntime
-from avatar.asr.onnx_runtime import OnnxWhisperRuntime
+from avatar.asr.onnx_runtime import DECODER_STEP_FILE, OnnxWhisperRuntime
 from avatar.asr.transcribe import AsrOptions, transcribe, window_frames
 from avatar.asr.vocab import WhisperVocab
 from export.asr.clips import Clip, clips, synthesize
@@ -65,6 +65,12 @@ log = logging.getLogger(__name__)
 GATE_WER_POINTS = 0.01  # the issue's bound: within 1 point absolute of FP32
 WINDOW_STEP, WINDOW_MARGIN = 100, 300  # model_repository/asr/config.pbtxt
 SERVED = AsrOptions(window_step=WINDOW_STEP, window_margin=WINDOW_MARGIN)
+
+
+def fp32_file(kind: str) -> str:
+    """The FP32 graph a network's INT8 variant is made from and judged against: the encoder's
+    model.onnx, the decoder's stateless step (the CPU runs it; export/asr/recipe.py)."""
+    return "model.onnx" if kind == "encoder" else DECODER_STEP_FILE
 
 
 def _vocab() -> WhisperVocab:
@@ -206,7 +212,7 @@ def build_variant(kind: str, out_dir: Path, model) -> dict:
     calibration record, and its gate: the sidecar's record of the variant."""
     vocab = _vocab()
     reference = TorchWhisperRuntime(model)
-    fp32 = out_dir / "model.onnx"
+    fp32 = out_dir / fp32_file(kind)
     fp32_runtime = half_onnx(kind, fp32, reference)  # calibration, then the gate's FP32 side
     enc_feeds, dec_feeds, record = calibration_feeds(fp32_runtime, vocab)
     feeds = enc_feeds if kind == "encoder" else dec_feeds
@@ -270,7 +276,7 @@ def build_variants(
     paths = {k: out / f"{k}.{scheme.name}.onnx" for k in ("encoder", "decoder")}
     if all(p.is_file() for p in paths.values()):
         return paths
-    runtime = OnnxWhisperRuntime(encoder_dir / "model.onnx", decoder_dir / "model.onnx")
+    runtime = OnnxWhisperRuntime(encoder_dir / "model.onnx", decoder_dir / DECODER_STEP_FILE)
     enc_feeds, dec_feeds, record = calibration_feeds(runtime, vocab)
     if scheme.method != "MinMax":
         # histogram calibrators stack each tensor over the samples: one shape for all
@@ -284,7 +290,7 @@ def build_variants(
             continue
         log.info("calibrating the %s (%s) on %d inputs", kind, scheme.name, len(feeds))
         try:
-            _quantize(folder / "model.onnx", paths[kind], feeds, scheme)
+            _quantize(folder / fp32_file(kind), paths[kind], feeds, scheme)
         except ValueError as error:  # e.g. a histogram over tensors of several shapes
             log.warning("%s: %s cannot calibrate the %s: %s", out, scheme.name, kind, error)
     return {k: p for k, p in paths.items() if p.is_file()}
@@ -360,7 +366,7 @@ def network_timer(kind: str, folder: Path) -> Callable[[str, int], float]:
     tokens; ms per call, 1 thread."""
     from export.common import onnx_session
 
-    files = {"fp32": "model.onnx", "int8": VARIANT_FILE}
+    files = {"fp32": fp32_file(kind), "int8": VARIANT_FILE}
     sessions = {name: onnx_session(folder / file, threads=1) for name, file in files.items()}
     rng = np.random.default_rng(0)
 
@@ -425,7 +431,7 @@ def measure(encoder_dir: Path, decoder_dir: Path, schemes=SCHEMES, timed: bool =
     No schemes: the variants the artifacts ship (model.int8.onnx)."""
     vocab = _vocab()
     folder = cache_root() / "asr_int8" / _key(encoder_dir, decoder_dir)
-    fp32 = ("fp32", encoder_dir / "model.onnx"), ("fp32", decoder_dir / "model.onnx")
+    fp32 = ("fp32", encoder_dir / "model.onnx"), ("fp32", decoder_dir / DECODER_STEP_FILE)
     pairs = [fp32]
     built = {"encoder": encoder_dir / VARIANT_FILE, "decoder": decoder_dir / VARIANT_FILE}
     for scheme in schemes or [BUILT]:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from avatar.asr.onnx_runtime import DECODER_STEP_FILE
 from avatar.sidecar import Sidecar, sha256_file
 from export.common import (
     ArtifactRecipe,
@@ -28,7 +29,7 @@ from export.common import (
     onnx_session,
     worst,
 )
-from export.onnx_edit import set_output_dims
+from export.onnx_edit import add_state_input, set_output_dims
 
 log = logging.getLogger(__name__)
 
@@ -80,9 +81,8 @@ class _WhisperRecipe(ArtifactRecipe):
             import onnx
             from onnxruntime.transformers.float16 import convert_float_to_float16
 
-            fp16 = convert_float_to_float16(
-                onnx.load(str(out_dir / "model.onnx")), keep_io_types=True
-            )
+            source = out_dir / ("model.onnx" if kind == "encoder" else DECODER_STEP_FILE)
+            fp16 = convert_float_to_float16(onnx.load(str(source)), keep_io_types=True)
             onnx.save(fp16, str(out_dir / "model.fp16.onnx"))
         return variants
 
@@ -170,9 +170,16 @@ class EncoderRecipe(_WhisperRecipe):
 
 
 class DecoderRecipe(_WhisperRecipe):
-    """tokens [batch, tokens] int64, self_kv [batch, 12, 8, past, 64], cross_kv [batch, 12, 8,
-    positions, 64] -> logits [batch, 51865] (last position), self_kv_out [batch, 12, 8, past +
-    tokens, 64]."""
+    """Two graphs of one decoder step (avatar.asr.onnx_runtime.DECODER_STEP_FILE says why):
+
+    model.step.onnx: tokens [batch, tokens] int64, self_kv [batch, 12, 8, past, 64], cross_kv
+    [batch, 12, 8, positions, 64] -> logits [batch, 51865] (last position), self_kv_out
+    [batch, 12, 8, past + tokens, 64].
+
+    model.onnx, the sequence form served with implicit state: also encoder_kv [batch, 12, 8,
+    new_positions, 64] in and cross_kv_out out; the step reads Concat(cross_kv, encoder_kv)
+    and returns it as cross_kv_out. A START step sends the encoder's K/V as encoder_kv (the
+    state starts empty), later steps send it empty."""
 
     name = "asr_decoder"
 
@@ -191,7 +198,7 @@ class DecoderRecipe(_WhisperRecipe):
             torch.randn(2, 2 * layers, heads, 3, dh),
             torch.randn(2, 2 * layers, heads, 1500, dh),
         )
-        path = out_dir / "model.onnx"
+        path = out_dir / DECODER_STEP_FILE
         with torch.no_grad():
             torch.onnx.export(
                 module,
@@ -238,8 +245,48 @@ class DecoderRecipe(_WhisperRecipe):
             {"logits": Tolerance(5e-3, 1e-3)},
             "vs transformers full sequence",
         )
+        served = out_dir / "model.onnx"
+        add_state_input(
+            path, served, state="cross_kv", new="encoder_kv", output="cross_kv_out", axis=3,
+            axes=("cached_positions", "new_positions", "positions"),
+        )  # fmt: skip
+        sequence = _check_sequence_form(served, session, cross.numpy(), ids.numpy())
         variants = self._variants(out_dir, model, "decoder")
-        return self._sidecar(path, {"vs_torch": worst(comparisons), "variants": variants}, [])
+        variants[DECODER_STEP_FILE] = {
+            "passes_gate": True,
+            "gate": "the same network as model.onnx without its state output",
+            "why": "model.onnx's outputs equal its outputs step by step (sequence_vs_step)",
+        }
+        return self._sidecar(
+            served,
+            {
+                "vs_torch": worst(comparisons),
+                "sequence_vs_step": worst(sequence),
+                "variants": variants,
+            },
+            [f"{DECODER_STEP_FILE}: the stateless step the CPU runs (no state output to copy)"],
+        )
+
+
+def _check_sequence_form(path: Path, step, cross: np.ndarray, ids: np.ndarray) -> list:
+    """Run the sequence form as the server does (START with encoder_kv and empty state, then
+    the state fed back and encoder_kv empty) beside the step graph: per-output comparisons
+    (cross_kv_out must be the encoder's K/V exactly)."""
+    sequence = onnx_session(path, threads=2)
+    names = [o.name for o in sequence.get_outputs()]
+    empty = np.zeros((*cross.shape[:3], 0, cross.shape[4]), np.float32)
+    state = {"self_kv": empty, "cross_kv": empty}
+    kv, comparisons = empty, []
+    tolerances = {**DECODER_TOLERANCE, "cross_kv_out": Tolerance(0.0, 0.0)}
+    for k, (lo, hi) in enumerate(((0, 1), (1, 3), (3, 4))):
+        tokens = ids[:, lo:hi]
+        logits, kv = step.run(None, {"tokens": tokens, "self_kv": kv, "cross_kv": cross})
+        feeds = {"tokens": tokens, **state, "encoder_kv": cross if k == 0 else empty}
+        got = dict(zip(names, sequence.run(None, feeds), strict=True))
+        reference = {"logits": logits, "self_kv_out": kv, "cross_kv_out": cross}
+        comparisons += compare_outputs(reference, got, tolerances, f"sequence form, step {k}")
+        state = {"self_kv": got["self_kv_out"], "cross_kv": got["cross_kv_out"]}
+    return comparisons
 
 
 def build_all(

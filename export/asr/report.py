@@ -20,7 +20,7 @@ import numpy as np
 
 from avatar.asr.features import SAMPLE_RATE
 from avatar.asr.greedy import WhisperRuntime
-from avatar.asr.onnx_runtime import OnnxWhisperRuntime
+from avatar.asr.onnx_runtime import DECODER_STEP_FILE, OnnxWhisperRuntime
 from avatar.asr.transcribe import AsrOptions, transcribe
 from avatar.asr.vocab import WhisperVocab
 from export.asr.clips import Clip, clips
@@ -106,7 +106,7 @@ def report(encoder_dir: Path, decoder_dir: Path, count: int | None = None) -> No
     texts = [c.text for c in items]
     audios = [c.audio for c in items]
 
-    fp32 = OnnxWhisperRuntime(encoder_dir / "model.onnx", decoder_dir / "model.onnx")
+    fp32 = OnnxWhisperRuntime(encoder_dir / "model.onnx", decoder_dir / DECODER_STEP_FILE)
     started = time.perf_counter()
     got = [transcribe(fp32, vocab, [a])[0].text for a in audios]
     print(f"ONNX Runtime fp32, one at a time: {time.perf_counter() - started:.1f} s")
@@ -136,7 +136,8 @@ def report(encoder_dir: Path, decoder_dir: Path, count: int | None = None) -> No
 
     files = {"fp32": "model.onnx", "int8": "model.int8.onnx", "fp16": "model.fp16.onnx"}
     for enc, dec in (("int8", "int8"), ("fp16", "fp16"), ("int8", "fp32"), ("fp32", "int8")):
-        runtime = OnnxWhisperRuntime(encoder_dir / files[enc], decoder_dir / files[dec])
+        decoder = DECODER_STEP_FILE if dec == "fp32" else files[dec]
+        runtime = OnnxWhisperRuntime(encoder_dir / files[enc], decoder_dir / decoder)
         got = [transcribe(runtime, vocab, [a])[0].text for a in audios]
         print()
         _compare(f"encoder {enc}, decoder {dec}", got, refs, texts)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import triton_python_backend_utils as pb_utils
 from avatar.asr.features import N_SAMPLES
 from avatar.asr.greedy import DecodeOptions, WhisperRuntime
 from avatar.asr.long_form import transcribe_long
+from avatar.asr.sequences import SequenceWindows, WindowStep
 from avatar.asr.transcribe import AsrOptions, Transcript, check_audio, transcribe
 from avatar.asr.vocab import WhisperVocab
 from avatar.errors import RequestError
@@ -28,18 +30,60 @@ SEGMENTATION = ("windows", "vad")
 
 class TritonWhisperRuntime(WhisperRuntime):
     """The exported networks as BLS calls to the encoder and decoder models (`asr_encoder`
-    and `asr_decoder` unless the config names others)."""
+    and `asr_decoder` unless the config names others). The decoder keeps each window's
+    caches (sequence batching with implicit state): a step sends only token ids, the
+    window's encoder K/V once, on its START step."""
 
-    def __init__(self, encoder: str = "asr_encoder", decoder: str = "asr_decoder"):
-        self.encoder, self.decoder = encoder, decoder
+    def __init__(self, encoder: str, decoder: str, end_token: int, max_batch: int):
+        self.encoder, self.decoder, self.end_token = encoder, decoder, end_token
+        self.pool = ThreadPoolExecutor(max_batch, thread_name_prefix="asr-step")
 
     def encode(self, mel: np.ndarray) -> np.ndarray:
         return infer(self.encoder, {"mel": mel}, ["cross_kv"])["cross_kv"]
 
     def decode(self, tokens, self_kv, cross_kv):
-        feeds = {"tokens": tokens, "self_kv": self_kv, "cross_kv": cross_kv}
-        out = infer(self.decoder, feeds, ["logits", "self_kv_out"])
-        return out["logits"], out["self_kv_out"]
+        raise NotImplementedError("asr_decoder keeps the caches: use decoding()")
+
+    def decoding(self, cross_kv: np.ndarray) -> BlsWindows:
+        return BlsWindows(self, cross_kv)
+
+
+class BlsWindows(SequenceWindows):
+    """One batch of windows as `asr_decoder` sequences: each row's step is its own request,
+    all sent at once so that the sequence batcher runs them as one execution."""
+
+    def __init__(self, runtime: TritonWhisperRuntime, cross_kv: np.ndarray):
+        super().__init__(cross_kv, runtime.end_token)
+        self.runtime = runtime
+        self._empty = np.zeros((1, *cross_kv.shape[1:3], 0, cross_kv.shape[4]), np.float32)
+
+    def send(self, steps: list[WindowStep]) -> list[np.ndarray]:
+        if len(steps) == 1:
+            return [self._send(steps[0])]
+        return list(self.runtime.pool.map(self._send, steps))
+
+    def send_last(self, steps: list[WindowStep]) -> None:
+        for step in steps:  # not awaited: the transcript does not wait for the END steps
+            self.runtime.pool.submit(self._send, step).add_done_callback(_log_failure)
+
+    def _send(self, step: WindowStep) -> np.ndarray:
+        kv = self._empty if step.encoder_kv is None else step.encoder_kv[None]
+        flags = (pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START if step.start else 0) | (
+            pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END if step.end else 0
+        )
+        out = infer(
+            self.runtime.decoder,
+            {"tokens": step.tokens[None], "encoder_kv": kv},
+            ["logits"],
+            correlation_id=step.sequence_id,
+            flags=flags,
+        )
+        return out["logits"][0]
+
+
+def _log_failure(future) -> None:
+    if future.exception() is not None:
+        pb_utils.Logger.log_warn(f"asr: a window's END step failed: {future.exception()}")
 
 
 def _string(request, name: str) -> str | None:
@@ -71,7 +115,10 @@ class TritonPythonModel:
                 f"asr: parameter segmentation={self.segmentation!r} not in {SEGMENTATION}"
             )
         self.runtime = TritonWhisperRuntime(
-            params.str("encoder_model", "asr_encoder"), params.str("decoder_model", "asr_decoder")
+            params.str("encoder_model", "asr_encoder"),
+            params.str("decoder_model", "asr_decoder"),
+            self.vocab.eot,
+            self.stage_max_batch,
         )
 
     def _parse(self, request) -> tuple[np.ndarray, str | None, str]:

@@ -51,16 +51,14 @@ def add_state_input(
         raise ValueError(f"{source}: no graph input named {state!r}")
     for node in graph.node:
         node.input[:] = [output if name == state else name for name in node.input]
-    added = copy.deepcopy(declared)
-    added.name = new
-    graph.input.append(added)
-    result = copy.deepcopy(declared)
-    result.name = output
-    graph.output.append(result)
+    added, result = copy.deepcopy(declared), copy.deepcopy(declared)
+    added.name, result.name = new, output
     for value, name in zip((declared, added, result), axes, strict=True):
         dim = value.type.tensor_type.shape.dim[axis]
         dim.ClearField("dim_value")
         dim.dim_param = name
+    graph.input.append(added)  # protobuf appends a copy: named above
+    graph.output.append(result)
     graph.node.insert(0, onnx.helper.make_node("Concat", [state, new], [output], axis=axis))
     onnx.checker.check_model(model)
     onnx.save(model, str(dest))

@@ -9,6 +9,7 @@
   endpointing  end-of-speech silence vs questions cut early -> build/perf/endpointing/
   first-piece  first TTS piece at a clause break vs a full stop -> build/perf/first_piece/
   llm-server  LLM tokens/s and ttft through Triton vs in-process -> build/perf/llm_server/
+  asr-server  ASR utterances/s and ms through Triton vs in-process -> build/perf/asr_server/
 
 Against a running server (`--url`), or an embedded server it starts itself. Results are
 CSV + JSON (with the machine's load average: the project machines share 2 cores, so the
@@ -178,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     bl.add_argument("--out", type=Path, default=DEFAULT_OUT / "baseline")
     bl.set_defaults(func=_baseline)
 
-    from perf import asr_windows, endpointing, first_piece, latency, llm_server
+    from perf import asr_server, asr_windows, endpointing, first_piece, latency, llm_server
 
     asr_windows.add_arguments(
         sub.add_parser("asr-windows", help="ASR window length vs WER on real speech and time")
@@ -194,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     llm_server.add_arguments(
         sub.add_parser("llm-server", help="LLM tokens/s through Triton vs in-process")
+    )
+    asr_server.add_arguments(
+        sub.add_parser("asr-server", help="ASR utterances/s and ms through Triton vs in-process")
     )
 
     args = parser.parse_args(argv)

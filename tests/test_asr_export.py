@@ -3,6 +3,7 @@ transcripts through ONNX Runtime identical to faster-whisper on real (Piper) spe
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -181,3 +182,68 @@ def test_a_short_window_never_stamps_past_its_end(runtime, vocab):
     assert len(steps) <= 40, f"{len(steps)} decoder steps for a 1.8-s question"
     assert result.segments and max(s.end for s in result.segments) <= window_s
     assert wer("How much is parking in the garage?", result.text) <= 0.5, result.text
+
+
+class _SequenceRuntime(OnnxWhisperRuntime):
+    """The in-process runtime with the decoder's caches held by `WhisperSequences`, as the
+    served `asr_decoder` holds them (avatar/triton/whisper_runner.py)."""
+
+    def __init__(self, runtime: OnnxWhisperRuntime, eot: int):
+        from avatar.asr.sequences import WhisperSequences
+
+        self.encoder, self.decoder, self.eot = runtime.encoder, runtime.decoder, eot
+        self.sequences = WhisperSequences(self.decode, (12, 8, 64), 51865)
+        self.blocks_fed: list[int] = []  # id of the cross-attention block of each call
+        step = self.sequences._step
+
+        def counted(tokens, self_kv, cross_kv):
+            self.blocks_fed.append(id(cross_kv))
+            return step(tokens, self_kv, cross_kv)
+
+        self.sequences._step = counted
+
+    def decoding(self, cross_kv):
+        from avatar.asr.sequences import InProcessWindows
+
+        return InProcessWindows(self.sequences, cross_kv, self.eot)
+
+
+def test_decoder_sequences_transcribe_as_held_caches(runtime, vocab, speech):
+    """Windows decoded as sequences (the encoder's K/V sent once, rows ended on the step
+    after they finished, the rest of the batch stepping on) give the same transcripts as
+    the caches passed to every step; nothing stays open afterwards."""
+    sequences = _SequenceRuntime(runtime, vocab.eot)
+    audios = [c.audio for c in speech[:4]]
+    held = [t.text for t in transcribe(runtime, vocab, audios)]
+    assert [t.text for t in transcribe(sequences, vocab, audios)] == held
+    assert len(sequences.sequences) == 0
+    # the rows step as one block: a new one only when a row ends (at most once per row)
+    assert len(set(sequences.blocks_fed)) <= 1 + len(audios)
+    assert len(sequences.blocks_fed) > 3 * len(audios)
+
+
+def test_decoder_sequences_refuse_bad_steps(runtime):
+    from avatar.asr.sequences import WhisperSequences, WindowStep
+    from avatar.errors import RequestError
+
+    sequences = WhisperSequences(runtime.decode, (12, 8, 64), 51865)
+    kv = np.zeros((12, 8, 30, 64), np.float32)
+    sot = np.array([50258])
+    bad = {
+        "was never started": WindowStep(7, sot),
+        "carries the window's encoder_kv": WindowStep(7, sot, None, start=True),
+        "[12, 8, positions >= 1, 64]": WindowStep(7, sot, kv[:, :, :, :32], start=True),
+        "token ids must be in [0, 51865)": WindowStep(7, np.array([51865]), kv, start=True),
+        "tokens must be [n]": WindowStep(7, np.array([], np.int64), kv, start=True),
+    }
+    for message, step in bad.items():
+        with pytest.raises(RequestError, match=re.escape(message)):
+            sequences.check(step)
+    (logits,) = sequences.run([WindowStep(7, sot, kv, start=True)])
+    assert logits.shape == (51865,) and np.isfinite(logits).all()
+    with pytest.raises(RequestError, match="sent once, on the START step"):
+        sequences.check(WindowStep(7, sot, kv))
+    with pytest.raises(RequestError, match="exceed Whisper's 448-token text context"):
+        sequences.check(WindowStep(7, np.full(448, 440)))
+    sequences.run([WindowStep(7, np.array([440]), end=True)])
+    assert len(sequences) == 0

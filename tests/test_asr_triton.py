@@ -111,3 +111,93 @@ def test_long_audio_windows_and_vad(grpc_url):
     for result in (windows, vad):
         times = result["segment_times"][0]
         assert times[-1, 1] > 30 and np.all(np.diff(times[:, 0]) >= 0)
+
+
+# ------------------------------------------- asr_decoder: each window's caches stay inside
+
+
+def _decoder_step(url: str, sequence_id: int, tokens: list[int], encoder_kv=None, **flags):
+    """One step of a window's sequence on `asr_decoder`: (logits [51865], error)."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    kv = np.zeros((1, 12, 8, 0, 64), np.float32) if encoder_kv is None else encoder_kv[None]
+    arrays = {"tokens": np.asarray([tokens], np.int64), "encoder_kv": kv}
+    tensors = []
+    for name, value in arrays.items():
+        tensor = grpcclient.InferInput(
+            name, list(value.shape), "INT64" if name == "tokens" else "FP32"
+        )
+        tensor.set_data_from_numpy(value)
+        tensors.append(tensor)
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        result = client.infer(
+            "asr_decoder",
+            tensors,
+            sequence_id=sequence_id,
+            sequence_start=flags.get("start", False),
+            sequence_end=flags.get("end", False),
+        )
+        return result.as_numpy("logits")[0], None
+    except InferenceServerException as error:
+        return None, str(error)
+    finally:
+        client.close()
+
+
+def test_asr_decoder_keeps_each_windows_caches(grpc_url):
+    """Two interleaved windows stepped with token ids only (the encoder's K/V sent once)
+    give the greedy tokens of the in-process step with both caches passed every time."""
+    from avatar.asr.features import log_mel, pad_or_trim
+    from avatar.asr.onnx_runtime import DECODER_STEP_FILE, OnnxWhisperRuntime
+    from export.registry import ensure_all
+
+    art = ensure_all(["asr_encoder", "asr_decoder"])
+    runtime = OnnxWhisperRuntime(
+        art["asr_encoder"] / "model.onnx", art["asr_decoder"] / DECODER_STEP_FILE
+    )
+    windows = {
+        8001: clips(2)[0].audio,
+        8002: clips(2)[1].audio,
+    }
+    prompt = [50258, 50259, 50359]  # <|sot|><|en|><|transcribe|>
+    expected, kvs = {}, {}
+    for k, audio in windows.items():
+        kvs[k] = runtime.encode(pad_or_trim(log_mel(audio), 600)[None])
+        self_kv = np.zeros((1, 12, 8, 0, 64), np.float32)
+        logits, self_kv = runtime.decode(np.array([prompt]), self_kv, kvs[k])
+        tokens = [int(logits.argmax())]
+        for _ in range(4):
+            logits, self_kv = runtime.decode(np.array([tokens[-1:]]), self_kv, kvs[k])
+            tokens.append(int(logits.argmax()))
+        expected[k] = tokens
+    got = {k: [] for k in windows}
+    for k in windows:
+        logits, error = _decoder_step(grpc_url, k, prompt[:1], kvs[k][0], start=True)
+        assert error is None, error
+        logits, error = _decoder_step(grpc_url, k, prompt[1:])
+        assert error is None, error
+        got[k].append(int(logits.argmax()))
+    for n in range(4):
+        for k in windows:  # interleaved: the states must stay apart
+            logits, error = _decoder_step(grpc_url, k, got[k][-1:], end=n == 3)
+            assert error is None, error
+            got[k].append(int(logits.argmax()))
+    assert got == expected
+
+
+def test_asr_decoder_bad_steps_are_clear_errors(grpc_url):
+    kv = np.zeros((12, 8, 30, 64), np.float32)
+    _, error = _decoder_step(grpc_url, 8101, [50258])
+    assert error and "must specify the START flag" in error
+    _, error = _decoder_step(grpc_url, 8102, [50258], start=True)
+    assert error and "the START step carries the window's encoder_kv" in error
+    _, error = _decoder_step(grpc_url, 8103, [50258], kv, start=True)
+    assert error is None
+    _, error = _decoder_step(grpc_url, 8103, [50259], kv)
+    assert error and "sent once, on the START step" in error
+    _, error = _decoder_step(grpc_url, 8103, [99999])
+    assert error and "token ids must be in [0, 51865)" in error
+    logits, error = _decoder_step(grpc_url, 8103, [50259], end=True)  # it survived
+    assert error is None and np.isfinite(logits).all()

@@ -195,13 +195,14 @@ def test_precision_follows_the_variant_gates(artifacts: dict[str, Path]) -> None
     )
     choice = build.choose_precision("llm_decoder", STAGES["llm_decoder"], gated)
     assert (choice.precision, choice.onnx_file) == ("int8", "model.int8.onnx")
-    # the ASR encoder takes a passed Q/DQ variant by default, the decoder only when INT8 is
-    # asked for; a stage that does not allow INT8 stays at its default even with a passed gate
+    # the ASR encoder takes a passed Q/DQ variant by default; the decoder has none for
+    # TensorRT (its variant is the stateless step, not the sequence form it is served as);
+    # a stage that does not allow INT8 stays at its default even with a passed gate
     encoder, decoder = STAGES["asr_encoder"], STAGES["asr_decoder"]
     assert build.choose_precision("asr_encoder", encoder, gated).precision == "int8"
     assert build.choose_precision("asr_decoder", decoder, gated).precision == "fp16"
-    choice = build.choose_precision("asr_decoder", decoder, gated, "int8")
-    assert choice.onnx_file == "model.int8.onnx"
+    with pytest.raises(ValueError, match="int8 not allowed"):
+        build.choose_precision("asr_decoder", decoder, gated, "int8")
     asr = Sidecar.load(artifacts["asr_encoder"])  # the built variant fails its long-form set
     assert build.choose_precision("asr_encoder", encoder, asr).precision == "fp16"
     assert build.choose_precision("renderer", STAGES["renderer"], gated).precision == "fp32"

@@ -188,8 +188,15 @@ def test_implicit_state_is_emulated_on_the_embedded_target(embedded_repository: 
     assert not any(i.allow_ragged_batch for i in production.input)  # natively: equal shapes
     model_py = (embedded_repository / "llm_decoder" / "1" / "model.py").read_text()
     assert "avatar.triton.sequence_runner" in model_py
-    # stateless native models keep the plain runner
+    # stateless native models keep the plain runner; asr_decoder names its own (the
+    # meaning of its state is Whisper's), on its stateless step graph
     assert "onnx_runner" in (embedded_repository / "vad" / "1" / "model.py").read_text()
+    asr = embedded_repository / "asr_decoder"
+    assert "avatar.triton.whisper_runner" in (asr / "1" / "model.py").read_text()
+    assert parse_config(asr / "config.pbtxt").parameters["onnx_file"].string_value == (
+        "model.step.onnx"
+    )
+    assert (asr / "1" / "model.step.onnx").is_file()
 
 
 def test_embedded_runner_serves_a_variant_only_when_its_gate_passed(

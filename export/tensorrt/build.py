@@ -131,13 +131,19 @@ STAGES: dict[str, Stage] = {
     ),
     "asr_decoder": Stage(
         "export.asr.engine:Profile",
-        ("fp32", "fp16", "int8"),
+        ("fp32", "fp16"),
         "fp16",
-        {"logits": Tolerance(0.1, 0.05), "self_kv_out": Tolerance(0.05, 0.05)},
+        {
+            "logits": Tolerance(0.1, 0.05),
+            "self_kv_out": Tolerance(0.05, 0.05),
+            "cross_kv_out": Tolerance(0.01, 0.01),  # the state fed back: FP16 rounding only
+        },
         inputs={"tokens": _ints(51865)},
+        # a later step of 2 windows: the cross-attention state full, encoder_kv empty
         verify_axes={"batch": 2, "tokens": 3},
-        why="INT8 from the Q/DQ variant on request, when its WER gate passed (export/asr/int8.py;"
-        " today's fails it): one token's activations are too small for INT8 GEMMs to pay",
+        why="no INT8: its Q/DQ variant is the stateless step the CPU gate judges (it fails the "
+        "WER gate, export/asr/int8.py), not the sequence form served with implicit state; "
+        "one token's activations are too small for INT8 GEMMs to pay",
         int8_by_default=False,
     ),
     "llm_decoder": Stage(

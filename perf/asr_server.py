@@ -9,7 +9,7 @@ avatar/triton/whisper_runner.py). In-process, ONNX Runtime runs the same encoder
 graphs (1 thread) with the caches held in the process, the requests of a load level decoded
 as one lockstep batch, as the `asr` model batches concurrent requests.
 
-    python -m perf asr-server [--rounds 3] [--against URL] [--out build/perf/asr_server]
+    python -m perf asr-server [--rounds 3] [--url URL] [--against URL] [--out build/perf/asr_server]
 
 `--against URL`: a second server with an `asr` model (e.g. the previous release, started
 from its own checkout) measured in the same rounds, so a change is a ratio from one run.
@@ -77,8 +77,11 @@ def in_process(runtime, vocab, audios: list[np.ndarray], streams: int) -> tuple[
     return len(audios) / (time.perf_counter() - started), times
 
 
-def measure(urls: dict[str, str], rounds: int) -> list[dict]:
-    """Rounds alternate in-process and each server for each stream count (all warmed)."""
+def measure(
+    urls: dict[str, str], rounds: int, streams_levels=STREAMS, utterances: int = 20
+) -> list[dict]:
+    """Rounds alternate in-process and each server for each stream count (all warmed).
+    `utterances`: how many of the human recordings (cycled) make one round."""
     from avatar.asr.onnx_runtime import DECODER_STEP_FILE, OnnxWhisperRuntime
     from avatar.asr.vocab import WhisperVocab
     from export.asr.human import human_clips
@@ -91,12 +94,13 @@ def measure(urls: dict[str, str], rounds: int) -> list[dict]:
     )
     ct2 = packaged_ct2_dir()
     vocab = WhisperVocab.load(ct2 / "tokenizer.json", ct2 / "config.json")
-    audios = [c.audio for c in human_clips()] * 2  # 20 utterances of 1-7 s
+    humans = [c.audio for c in human_clips()]  # 10 recordings of 1-7 s
+    audios = [humans[i % len(humans)] for i in range(utterances)]
     in_process(runtime, vocab, audios[:2], 1)
     for url in urls.values():
         through_triton(url, audios[:2], 1)
     rows = []
-    for streams in STREAMS:
+    for streams in streams_levels:
         rates: dict[str, list[float]] = {"in_process": [], **{k: [] for k in urls}}
         times: dict[str, list[float]] = {k: [] for k in rates}
         for _ in range(rounds):
@@ -140,6 +144,9 @@ def table(rows: list[dict]) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--streams", type=int, nargs="+", default=list(STREAMS))
+    parser.add_argument("--utterances", type=int, default=20, help="per round")
+    parser.add_argument("--url", default=None, help="a running server (default: start one)")
     parser.add_argument("--against", default=None, help="gRPC URL of another server's asr")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT / "asr_server")
     parser.set_defaults(func=command)
@@ -149,13 +156,17 @@ def command(args: argparse.Namespace) -> int:
     from avatar.serving.deployment import build_repository
     from avatar.serving.server import EmbeddedServer, ServerOptions
 
-    with tempfile.TemporaryDirectory() as tmp:
-        repository = Path(tmp) / "models"
-        build_repository(repository, "embedded", MODELS)
-        with EmbeddedServer(ServerOptions(repository, models=MODELS)) as server:
-            urls = {"triton": server.grpc_url}
-            if args.against:
-                urls["against"] = args.against
-            rows = measure(urls, args.rounds)
+    def run(url: str) -> list[dict]:
+        urls = {"triton": url} | ({"against": args.against} if args.against else {})
+        return measure(urls, args.rounds, args.streams, args.utterances)
+
+    if args.url:
+        rows = run(args.url)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            repository = Path(tmp) / "models"
+            build_repository(repository, "embedded", MODELS)
+            with EmbeddedServer(ServerOptions(repository, models=MODELS)) as server:
+                rows = run(server.grpc_url)
     save_results(args.out, "asr_server", rows, table(rows))
     return 0

@@ -95,6 +95,16 @@ def test_baseline_smoke(triton_server: EmbeddedServer, tmp_path: Path) -> None:
     _png(tmp_path / "baseline-first_audio_median_s.png")
 
 
+def test_asr_server_smoke(triton_server: EmbeddedServer, tmp_path: Path) -> None:
+    """`perf asr-server`: two utterances at two streams, in-process and through Triton."""
+    args = ["asr-server", "--url", triton_server.grpc_url, "--rounds", "1", "--streams", "2"]
+    assert main([*args, "--utterances", "2", "--out", str(tmp_path)]) == 0
+    (row,) = json.loads((tmp_path / "asr_server.json").read_text())
+    assert row["streams"] == 2 and row["in_process"]["per_s"] > 0
+    assert 0 < row["triton"]["vs_in_process"] < 10
+    assert "in_process" in (tmp_path / "asr_server.md").read_text()
+
+
 def test_latency_smoke(triton_server: EmbeddedServer, tmp_path: Path, capsys) -> None:
     """`perf latency`: one spoken question in real time through vad endpointing and the
     avatar stream; every milestone measured from the end of speech, in order."""

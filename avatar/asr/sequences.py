@@ -24,9 +24,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import itertools
-import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -34,8 +32,7 @@ import numpy as np
 
 from avatar.asr.greedy import WindowDecoding
 from avatar.errors import RequestError
-
-log = logging.getLogger(__name__)
+from avatar.held_sequences import HeldSequences
 
 TEXT_CONTEXT = 448  # Whisper's decoder positions (n_text_ctx)
 StatelessStep = Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
@@ -68,7 +65,7 @@ class _Held:
     touched: float
 
 
-class WhisperSequences:
+class WhisperSequences(HeldSequences):
     """The sequence contract over a stateless decoder step, thread-safe.
 
     kv_shape: (2L, H, Dh) of the cross-attention K/V the model takes; vocab: its logits'
@@ -82,13 +79,8 @@ class WhisperSequences:
         idle_timeout_s: float = 5.0,
         max_sequences: int = 64,
     ):
+        super().__init__(idle_timeout_s, max_sequences)
         self._step, self.kv_shape, self.vocab = step, tuple(kv_shape), vocab
-        self.idle_timeout_s, self.max_sequences = idle_timeout_s, max_sequences
-        self._held: dict[int, _Held] = {}
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._held)
 
     def check(self, step: WindowStep) -> None:
         """Raise RequestError saying what is wrong with a step, before any is run."""
@@ -103,7 +95,7 @@ class WhisperSequences:
             if (
                 kv is None
                 or kv.ndim != 4
-                or (kv.shape[0], kv.shape[1], kv.shape[3]) != (self.kv_shape)
+                or (kv.shape[0], kv.shape[1], kv.shape[3]) != self.kv_shape
                 or not kv.shape[2]
             ):
                 got = None if kv is None else list(kv.shape)
@@ -112,11 +104,7 @@ class WhisperSequences:
                     f"[{self.kv_shape[0]}, {self.kv_shape[1]}, positions >= 1, "
                     f"{self.kv_shape[2]}] (the asr_encoder's cross_kv); got {got}"
                 )
-            if len(self._held) >= self.max_sequences and step.sequence_id not in self._held:
-                raise RequestError(
-                    f"{len(self._held)} sequences are open, the most this decoder keeps: end "
-                    "finished sequences (the END flag) or wait for idle ones to time out"
-                )
+            self._check_room(step.sequence_id)
             past = 0
         else:
             if step.encoder_kv is not None and step.encoder_kv.size:
@@ -124,13 +112,7 @@ class WhisperSequences:
                     f"{name}: encoder_kv is sent once, on the START step; later steps send "
                     "it empty (positions 0)"
                 )
-            held = self._held.get(step.sequence_id)
-            if held is None:
-                raise RequestError(
-                    f"{name} has no state here: it was never started, it ended, or it was "
-                    f"idle for more than {self.idle_timeout_s:g} s"
-                )
-            past = held.rows.self_kv.shape[3]
+            past = self._held_state(step.sequence_id).rows.self_kv.shape[3]
         if past + tokens.size > TEXT_CONTEXT:
             raise RequestError(
                 f"{name}: {past} past + {tokens.size} new tokens exceed Whisper's "
@@ -141,8 +123,7 @@ class WhisperSequences:
         """Logits [vocab] of each step's last position, in order."""
         self._drop_idle()
         ids = [s.sequence_id for s in steps]
-        if len(set(ids)) != len(ids):
-            raise RequestError(f"a sequence may take one step per batch (ids {ids})")
+        self._check_distinct(ids)
         for step in steps:
             self.check(step)
         now = time.monotonic()
@@ -173,11 +154,6 @@ class WhisperSequences:
                     self._held.pop(step.sequence_id, None)
         return logits  # type: ignore[return-value]
 
-    def release(self, sequence_id: int) -> None:
-        """Forget a sequence that will get no END step (e.g. after a failed step)."""
-        with self._lock:
-            self._held.pop(sequence_id, None)
-
     @staticmethod
     def _rows(members: list[_Held]) -> _Rows:
         """The block to feed: the members' own block when they are all its rows, in order;
@@ -193,15 +169,6 @@ class WhisperSequences:
             np.concatenate([h.rows.cross_kv[h.row : h.row + 1] for h in members]),
             np.concatenate([h.rows.self_kv[h.row : h.row + 1] for h in members]),
         )
-
-    def _drop_idle(self) -> None:
-        limit = time.monotonic() - self.idle_timeout_s
-        with self._lock:
-            idle = [k for k, h in self._held.items() if h.touched < limit]
-            for key in idle:
-                del self._held[key]
-        if idle:
-            log.warning("dropped %d sequences idle for over %g s", len(idle), self.idle_timeout_s)
 
 
 _SEQUENCE_IDS = itertools.count(1)

@@ -20,18 +20,15 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import logging
-import threading
 import time
 from collections.abc import Sequence
 
 import numpy as np
 
 from avatar.errors import RequestError
+from avatar.held_sequences import HeldSequences
 from avatar.llm.cache import PrefixCache
 from avatar.llm.decoder import Decoder, Past, positions, stack_pasts, unstack_presents
-
-log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +70,7 @@ class _Held:
     cached: int = 0
 
 
-class KvCacheSequences(SequenceDecoder):
+class KvCacheSequences(HeldSequences, SequenceDecoder):
     """The sequence contract over a stateless decoder step, thread-safe."""
 
     def __init__(
@@ -83,14 +80,9 @@ class KvCacheSequences(SequenceDecoder):
         idle_timeout_s: float = 60.0,
         max_sequences: int = 64,
     ):
+        super().__init__(idle_timeout_s, max_sequences)
         self.decoder = decoder
         self.cache = prefix_cache if prefix_cache is not None else PrefixCache(0)
-        self.idle_timeout_s, self.max_sequences = idle_timeout_s, max_sequences
-        self._held: dict[int, _Held] = {}
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._held)
 
     def check(self, step: Step) -> None:
         """Raise RequestError saying what is wrong with a step, before any is run."""
@@ -100,18 +92,9 @@ class KvCacheSequences(SequenceDecoder):
                     f"sequence {step.sequence_id}: a start step carries the whole prompt "
                     f"(got {len(step.ids)} ids after {step.position} past positions)"
                 )
-            if len(self._held) >= self.max_sequences and step.sequence_id not in self._held:
-                raise RequestError(
-                    f"{len(self._held)} sequences are open, the most this decoder keeps: end "
-                    "finished sequences (the end flag) or wait for idle ones to time out"
-                )
+            self._check_room(step.sequence_id)
             return
-        entry = self._held.get(step.sequence_id)
-        if entry is None:
-            raise RequestError(
-                f"sequence {step.sequence_id} has no state here: it was never started, "
-                f"it ended, or it was idle for more than {self.idle_timeout_s:g} s"
-            )
+        entry = self._held_state(step.sequence_id)
         if len(step.ids) != 1 or step.position != len(entry.ids):
             raise RequestError(
                 f"sequence {step.sequence_id}: a step after the start takes one token at "
@@ -120,9 +103,7 @@ class KvCacheSequences(SequenceDecoder):
 
     def run(self, steps: Sequence[Step]) -> list[np.ndarray]:
         self._drop_idle()
-        ids = [s.sequence_id for s in steps]
-        if len(set(ids)) != len(ids):
-            raise RequestError(f"a sequence may take one step per batch (ids {ids})")
+        self._check_distinct([s.sequence_id for s in steps])
         for step in steps:
             self.check(step)
         logits: dict[int, np.ndarray] = {}
@@ -140,10 +121,6 @@ class KvCacheSequences(SequenceDecoder):
     def cached_tokens(self, sequence_id: int) -> int | None:
         held = self._held.get(sequence_id)
         return held.cached if held else None
-
-    def release(self, sequence_id: int) -> None:
-        with self._lock:
-            self._held.pop(sequence_id, None)
 
     # ------------------------------------------------------------------ internals
 
@@ -180,12 +157,3 @@ class KvCacheSequences(SequenceDecoder):
             held = self._held.pop(sequence_id, None)
         if held is not None and held.ids:
             self.cache.put(held.ids, [np.ascontiguousarray(p) for p in held.past])
-
-    def _drop_idle(self) -> None:
-        limit = time.monotonic() - self.idle_timeout_s
-        with self._lock:
-            idle = [k for k, h in self._held.items() if h.touched < limit]
-            for key in idle:
-                del self._held[key]
-        if idle:
-            log.warning("dropped %d sequences idle for over %g s", len(idle), self.idle_timeout_s)

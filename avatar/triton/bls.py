@@ -84,6 +84,13 @@ def host_array(model: str, name: str, tensor: pb_utils.Tensor) -> np.ndarray:
     return tensor.as_numpy()
 
 
+def sequence_flags(start: bool, end: bool) -> int:
+    """The request flags of a sequence step (for `infer`'s `flags`)."""
+    return (pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START if start else 0) | (
+        pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END if end else 0
+    )
+
+
 def infer(
     model: str,
     inputs: Mapping[str, np.ndarray],

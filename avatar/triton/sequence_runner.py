@@ -16,6 +16,7 @@ started sequence reuses the KV cache of the longest prompt prefix an ended seque
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -33,32 +34,59 @@ from avatar.triton.params import ModelParameters
 DEFAULT_IDLE_US = 1_000_000  # Triton's default max_sequence_idle_microseconds
 
 
-class TritonPythonModel:
-    def initialize(self, args: dict[str, str]) -> None:
-        self.name = args["model_name"]
-        enable_crash_reports(self.name)
+@dataclasses.dataclass(frozen=True)
+class RunnerArgs:
+    """What a sequence runner reads from Triton's `initialize` arguments."""
+
+    name: str
+    params: ModelParameters
+    graph: Path  # the ONNX file served
+    threads: int  # ONNX Runtime intra-op threads
+    states: dict[str, str]  # the config's state pairs, input -> output
+    idle_timeout_s: float  # sequence_batching.max_sequence_idle_microseconds
+    max_sequences: int  # sequence_batching.oldest.max_candidate_sequences
+
+    @classmethod
+    def read(cls, args: dict[str, str]) -> RunnerArgs:
+        """The arguments, with crash reports turned on for the model."""
+        name = args["model_name"]
+        enable_crash_reports(name)
         config = json.loads(args["model_config"])
         params = ModelParameters(config)
-        path = Path(args["model_repository"]) / args["model_version"] / params.str("onnx_file")
-        decoder = OrtDecoder(path, threads=params.int("intra_op_threads", 1))
-        declared = json.loads(params.str("sequence_state"))
+        batching = config.get("sequence_batching", {})
+        idle_us = int(batching.get("max_sequence_idle_microseconds") or DEFAULT_IDLE_US)
+        return cls(
+            name,
+            params,
+            Path(args["model_repository"]) / args["model_version"] / params.str("onnx_file"),
+            params.int("intra_op_threads", 1),
+            json.loads(params.str("sequence_state")),
+            idle_us / 1e6,
+            int(batching.get("oldest", {}).get("max_candidate_sequences") or 64),
+        )
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, str]) -> None:
+        setup = RunnerArgs.read(args)
+        self.name = setup.name
+        decoder = OrtDecoder(setup.graph, threads=setup.threads)
         layout = decoder.layout
         expected = dict(zip(layout.past_names(), layout.present_names(), strict=True))
-        if declared != expected:
+        if setup.states != expected:
             raise ValueError(
                 f"{self.name}: sequence_batching.state must pair each past_key_values.* input "
-                f"with its present.* output; the config has {declared}"
+                f"with its present.* output; the config has {setup.states}"
             )
-        idle_s, candidates = batcher_limits(config)
         self.sequences = KvCacheSequences(
             decoder,
-            PrefixCache(params.int("prefix_cache_entries", 16)),
-            idle_timeout_s=idle_s,
-            max_sequences=candidates,
+            PrefixCache(setup.params.int("prefix_cache_entries", 16)),
+            idle_timeout_s=setup.idle_timeout_s,
+            max_sequences=setup.max_sequences,
         )
         pb_utils.Logger.log_info(
-            f"{self.name}: KV cache kept per sequence for {path.name} "
-            f"(emulated implicit state, idle timeout {idle_s:g} s)"
+            f"{self.name}: KV cache kept per sequence for {setup.graph.name} "
+            f"(emulated implicit state, idle timeout {setup.idle_timeout_s:g} s)"
         )
 
     def execute(self, requests: list) -> list:
@@ -90,13 +118,6 @@ def run_steps(name: str, requests: list, parse, sequences, respond) -> list:
         error_response(step) if isinstance(step, Exception) else respond(next(logits))
         for step in steps
     ]
-
-
-def batcher_limits(config: dict) -> tuple[float, int]:
-    """(idle timeout in seconds, most open sequences) from the config's sequence_batching."""
-    batching = config.get("sequence_batching", {})
-    idle_us = int(batching.get("max_sequence_idle_microseconds") or DEFAULT_IDLE_US)
-    return idle_us / 1e6, int(batching.get("oldest", {}).get("max_candidate_sequences") or 64)
 
 
 def sequence_step(request) -> tuple[int, bool, bool]:

@@ -11,9 +11,6 @@ output is a copy, 37 MB per row and step for a 30-s window) over them.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -21,33 +18,28 @@ from avatar.asr.onnx_runtime import OnnxWhisperRuntime
 from avatar.asr.sequences import WhisperSequences, WindowStep
 from avatar.errors import RequestError
 from avatar.triton.bls import input_array
-from avatar.triton.diagnostics import enable_crash_reports
-from avatar.triton.params import ModelParameters
-from avatar.triton.sequence_runner import batcher_limits, run_steps, sequence_step
+from avatar.triton.sequence_runner import RunnerArgs, run_steps, sequence_step
 
 STATE = {"self_kv": "self_kv_out", "cross_kv": "cross_kv_out"}  # the config's state pairs
 
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
-        self.name = args["model_name"]
-        enable_crash_reports(self.name)
-        config = json.loads(args["model_config"])
-        params = ModelParameters(config)
-        declared = json.loads(params.str("sequence_state"))
-        if declared != STATE:
-            raise ValueError(f"{self.name}: sequence_batching.state must be {STATE}: {declared}")
-        path = Path(args["model_repository"]) / args["model_version"] / params.str("onnx_file")
-        runtime = OnnxWhisperRuntime(None, path, threads=params.int("intra_op_threads", 1))
+        setup = RunnerArgs.read(args)
+        self.name = setup.name
+        if setup.states != STATE:
+            raise ValueError(
+                f"{self.name}: sequence_batching.state must be {STATE}: {setup.states}"
+            )
+        runtime = OnnxWhisperRuntime(None, setup.graph, threads=setup.threads)
         _, kv, heads, _, width = runtime.decoder.get_inputs()[2].shape  # cross_kv
         (vocab,) = [o.shape[1] for o in runtime.decoder.get_outputs() if o.name == "logits"]
-        idle_s, candidates = batcher_limits(config)
         self.sequences = WhisperSequences(
-            runtime.decode, (kv, heads, width), vocab, idle_s, max_sequences=candidates
+            runtime.decode, (kv, heads, width), vocab, setup.idle_timeout_s, setup.max_sequences
         )
         pb_utils.Logger.log_info(
-            f"{self.name}: caches kept per sequence for {path.name} "
-            f"(emulated implicit state, idle timeout {idle_s:g} s)"
+            f"{self.name}: caches kept per sequence for {setup.graph.name} "
+            f"(emulated implicit state, idle timeout {setup.idle_timeout_s:g} s)"
         )
 
     def execute(self, requests: list) -> list:

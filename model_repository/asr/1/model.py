@@ -17,7 +17,7 @@ from avatar.asr.sequences import SequenceWindows, WindowStep
 from avatar.asr.transcribe import AsrOptions, Transcript, check_audio, transcribe
 from avatar.asr.vocab import WhisperVocab
 from avatar.errors import RequestError
-from avatar.triton.bls import error_response, infer, input_array, input_text
+from avatar.triton.bls import error_response, infer, input_array, input_text, sequence_flags
 from avatar.triton.diagnostics import enable_crash_reports
 from avatar.triton.params import ModelParameters
 from avatar.vad import OUTPUTS, speech_probabilities, speech_segments
@@ -68,15 +68,12 @@ class BlsWindows(SequenceWindows):
 
     def _send(self, step: WindowStep) -> np.ndarray:
         kv = self._empty if step.encoder_kv is None else step.encoder_kv[None]
-        flags = (pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START if step.start else 0) | (
-            pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END if step.end else 0
-        )
         out = infer(
             self.runtime.decoder,
             {"tokens": step.tokens[None], "encoder_kv": kv},
             ["logits"],
             correlation_id=step.sequence_id,
-            flags=flags,
+            flags=sequence_flags(step.start, step.end),
         )
         return out["logits"][0]
 

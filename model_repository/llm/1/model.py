@@ -50,16 +50,17 @@ class TritonSequenceDecoder(SequenceDecoder):
     def _step(self, step: Step) -> np.ndarray:
         ids = np.asarray([step.ids], np.int64)
         new = ids.shape[1]
-        flags = (pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START if step.start else 0) | (
-            pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END if step.end else 0
-        )
         inputs = {
             "input_ids": ids,
             "attention_mask": np.ones((1, step.position + new), np.int64),
             "position_ids": np.arange(step.position, step.position + new, dtype=np.int64)[None],
         }
         out = bls.infer(
-            self.model, inputs, ["logits"], correlation_id=step.sequence_id, flags=flags
+            self.model,
+            inputs,
+            ["logits"],
+            correlation_id=step.sequence_id,
+            flags=bls.sequence_flags(step.start, step.end),
         )
         return out["logits"][0, -1]
 

@@ -32,6 +32,16 @@ def main(argv: list[str] | None = None) -> None:
         help="at that pause also start the reply (in a fork of the conversation), held until "
         "the end of speech is confirmed",
     )
+    parser.add_argument(
+        "--partial-every-s",
+        type=float,
+        default=1.0,
+        help="while the user speaks, transcribe the speech so far every this many seconds "
+        "(what two passes agree on is where the transcript at the pause starts)",
+    )
+    parser.add_argument(
+        "--no-partials", action="store_true", help="no transcription while the user speaks"
+    )
     parser.add_argument("--model", default="avatar", help="the turn model (decoupled)")
     parser.add_argument("--asr-model", default="asr", help="the speculative transcripts' model")
     parser.add_argument(
@@ -51,6 +61,7 @@ def main(argv: list[str] | None = None) -> None:
         end_silence_s=args.end_silence_s,
         speculate_after_s=None if args.no_speculate else args.speculate_after_s,
         speculate_turn=args.speculate_turn and not args.no_speculate,
+        partial_every_s=None if args.no_partials or args.no_speculate else args.partial_every_s,
         model=args.model,
         asr_model=args.asr_model,
         portrait=args.portrait,

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from avatar.animation.tables import ARKIT_NAMES
+from avatar.asr.agreement import common_prefix
 from avatar.errors import RequestError
 from avatar.pipeline.request import Controls
 from avatar.vad import CHUNK, CHUNK_S, Endpointer, VadStream
@@ -53,6 +54,15 @@ class SessionOptions:
     # endpoint, so the reply cannot start sooner (python -m perf latency --settings today
     # spec_turn: first audio 1.13x / 0.97x / 0.95x at 1 / 2 / 4 sessions; docs/performance.md 7).
     speculate_turn: bool = False
+    # Transcribe while the user speaks: every `partial_every_s` of speech, a pass over the
+    # speech so far (at most `partial_limit` in flight in this gateway, so that they never
+    # take more than that many cores from the turns being answered); what two passes agree
+    # on is where the transcript at the pause starts (the `asr` model's `prefix`), so only
+    # the last words are decoded token by token. None: off.
+    # python -m perf asr-prefix (docs/performance.md section 12): every 1 s keeps the WER
+    # on the human recordings and the packaged voice; every 0.5 s raised it.
+    partial_every_s: float | None = 1.0
+    partial_limit: int = 1
 
 
 @dataclasses.dataclass
@@ -76,6 +86,45 @@ class _Speculation:
 
     text: str
     turn: _Turn | None = None
+
+
+class _Partials:
+    """The passes over an utterance while it is spoken, and what they agree on."""
+
+    in_flight = 0  # passes running in this gateway (all sessions: one event loop)
+
+    def __init__(self, every_s: float | None):
+        self.every = None if every_s is None else max(1, round(every_s / CHUNK_S))
+        self.reset()
+
+    def reset(self) -> None:
+        """A new utterance: nothing heard, nothing agreed."""
+        self.task: asyncio.Task | None = None
+        self.last_chunks = 0  # audio chunks of the last pass
+        self.hypothesis: list[int] | None = None  # the last pass's tokens
+        self.prefix: list[int] = []  # what the last two passes began with alike
+
+    def cancel(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+
+    def due(self, chunks: int) -> bool:
+        running = self.task is not None and not self.task.done()
+        return self.every is not None and not running and chunks - self.last_chunks >= self.every
+
+    def start(self, chunks: int, task: asyncio.Task) -> None:
+        self.task, self.last_chunks = task, chunks
+        _Partials.in_flight += 1
+        task.add_done_callback(lambda done: self._finished(done, task))
+
+    def _finished(self, done: asyncio.Task, task: asyncio.Task) -> None:
+        _Partials.in_flight -= 1
+        if task is not self.task or done.cancelled() or done.exception() is not None:
+            return  # an earlier utterance's pass, or a failed one: nothing learnt
+        _, tokens = done.result()
+        if self.hypothesis is not None:
+            self.prefix = common_prefix(self.hypothesis, tokens)
+        self.hypothesis = tokens
 
 
 class LiveSession:
@@ -105,6 +154,7 @@ class LiveSession:
         self.speculation: asyncio.Task | None = None  # -> _Speculation of the speech so far
         after = self.options.speculate_after_s
         self._speculate_chunks = None if after is None else max(1, round(after / CHUNK_S))
+        self.partials = _Partials(self.options.partial_every_s)
 
     # ------------------------------------------------------------------ client messages
 
@@ -188,6 +238,7 @@ class LiveSession:
 
     async def close(self) -> None:
         self._drop_speculation()
+        self.partials.cancel()
         await self.interrupt("closed", notify=False)
 
     # ------------------------------------------------------------------ endpointing
@@ -212,14 +263,18 @@ class LiveSession:
             if self.busy():  # barge-in: the user speaks over the avatar
                 await self.interrupt("barge-in")
         if started:
+            if detector.silent == 0:
+                self._partial_pass()
             self._speculate(detector.silent)
         if utterance is not None or (self.in_speech and not started):
             self.in_speech = False
             if utterance is None:  # too short to be a question (a cough, a click)
                 self._drop_speculation()
+                self.partials.reset()
                 await self.send_json({"type": "speech_end", "utterance_s": 0.0})
                 return
             speculation, self.speculation = self.speculation, None
+            self.partials.reset()
             seconds = round(len(utterance) / protocol.INPUT_RATE, 3)
             await self.send_json({"type": "speech_end", "utterance_s": seconds})
             result = await self._speculated(speculation)
@@ -239,8 +294,20 @@ class LiveSession:
             audio = np.concatenate(self.endpointer.chunks)
             self.speculation = asyncio.create_task(self._speculative(audio))
 
+    def _partial_pass(self) -> None:
+        """While the user speaks: a pass over the speech so far, when one is due and the
+        gateway has room for it."""
+        chunks = len(self.endpointer.chunks)
+        if not self.partials.due(chunks) or _Partials.in_flight >= self.options.partial_limit:
+            return
+        audio = np.concatenate(self.endpointer.chunks)
+        self.partials.start(
+            chunks, asyncio.create_task(self._transcribe(audio, self.partials.prefix))
+        )
+
     async def _speculative(self, audio: np.ndarray) -> _Speculation:
-        text = (await self._transcribe(audio)).strip()
+        text, _ = await self._transcribe(audio, self.partials.prefix)
+        text = text.strip()
         speculation = _Speculation(text)
         if text and self.options.speculate_turn:
             self.turns += 1  # a discarded speculative turn leaves a gap in the numbers
@@ -301,15 +368,23 @@ class LiveSession:
             await (self.send_json(item) if kind == "json" else self.send_bytes(item))
         turn.held = None  # no await since the list was seen empty: nothing is lost
 
-    async def _transcribe(self, audio: np.ndarray) -> str:
+    async def _transcribe(
+        self, audio: np.ndarray, prefix: list[int] | None = None
+    ) -> tuple[str, list[int]]:
+        """(text, tokens) of the audio; `prefix`: the tokens earlier passes agreed on."""
         import tritonclient.grpc.aio as grpcclient
 
         tensor = grpcclient.InferInput("audio", [1, len(audio)], "FP32")
         tensor.set_data_from_numpy(np.ascontiguousarray(audio, np.float32)[None])
-        result = await self.client.infer(
-            self.options.asr_model, [tensor], outputs=[grpcclient.InferRequestedOutput("text")]
-        )
-        return result.as_numpy("text").reshape(-1)[0].decode("utf-8", "replace")
+        inputs = [tensor]
+        if prefix:
+            ids = np.array([prefix], np.int32)
+            inputs.append(grpcclient.InferInput("prefix", list(ids.shape), "INT32"))
+            inputs[-1].set_data_from_numpy(ids)
+        outputs = [grpcclient.InferRequestedOutput(n) for n in ("text", "tokens")]
+        result = await self.client.infer(self.options.asr_model, inputs, outputs=outputs)
+        text = result.as_numpy("text").reshape(-1)[0].decode("utf-8", "replace")
+        return text, [int(t) for t in result.as_numpy("tokens").reshape(-1)]
 
     def busy(self) -> bool:
         """A reply is being generated or should still be playing on the client."""

@@ -5,6 +5,7 @@
   baseline  plain sequential Python vs the Triton `avatar` stream -> build/perf/baseline/
   sweep     one or more models' concurrency sweep (time windows until stable) -> CSV
   asr-windows  encoder window length vs WER on real speech and time -> build/perf/asr/
+  asr-prefix  ASR passes while the user speaks: WER, time left -> build/perf/asr_prefix/
   latency   spoken questions in real time, 1/2/4 sessions, today vs release -> build/perf/latency/
   endpointing  end-of-speech silence vs questions cut early -> build/perf/endpointing/
   first-piece  first TTS piece at a clause break vs a full stop -> build/perf/first_piece/
@@ -179,10 +180,21 @@ def main(argv: list[str] | None = None) -> int:
     bl.add_argument("--out", type=Path, default=DEFAULT_OUT / "baseline")
     bl.set_defaults(func=_baseline)
 
-    from perf import asr_server, asr_windows, endpointing, first_piece, latency, llm_server
+    from perf import (
+        asr_prefix,
+        asr_server,
+        asr_windows,
+        endpointing,
+        first_piece,
+        latency,
+        llm_server,
+    )
 
     asr_windows.add_arguments(
         sub.add_parser("asr-windows", help="ASR window length vs WER on real speech and time")
+    )
+    asr_prefix.add_arguments(
+        sub.add_parser("asr-prefix", help="ASR passes while speaking: WER and time left")
     )
     latency.add_arguments(
         sub.add_parser("latency", help="spoken turns in real time: where the time goes")

@@ -6,7 +6,9 @@ encoder/decoder in ONNX Runtime, once per window setting, in one run:
 
 - `full`: every window padded to 3000 mel frames (30 s), the release behaviour;
 - `step N + M`: the speech plus at least M frames of padding, rounded up to a multiple of
-  N frames (100 frames per second).
+  N frames (100 frames per second);
+- a setting ending in `/notimestamps`: the same window decoded with `<|notimestamps|>`
+  (text tokens only: no segment times, fewer decoder steps), as a live turn may ask.
 
 Per setting: corpus WER against the reference transcripts (case, punctuation and digits vs
 words do not count, `export.asr.wer`), transcripts that differ from the full-window ones,
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from avatar.asr.greedy import DecodeOptions
 from avatar.asr.onnx_runtime import DECODER_STEP_FILE, OnnxWhisperRuntime
 from avatar.asr.transcribe import AsrOptions, transcribe
 from avatar.asr.vocab import WhisperVocab
@@ -35,30 +38,34 @@ from perf.report import DEFAULT_OUT, save_results
 
 log = logging.getLogger(__name__)
 OUT = DEFAULT_OUT / "asr"
-# (step, margin) in mel frames (100 per second); (None, 0) is the 30-s window
-SETTINGS: tuple[tuple[int | None, int], ...] = (
-    (None, 0),
-    (1000, 0),
-    (500, 0),
-    (100, 0),
-    (100, 100),
-    (100, 200),
-    (100, 300),
+NO_TIMESTAMPS = "/notimestamps"
+# (step, margin, timestamps): step and margin in mel frames (100 per second); (None, 0) is
+# the 30-s window
+Setting = tuple[int | None, int, bool]
+SETTINGS: tuple[Setting, ...] = (
+    (None, 0, True),
+    (1000, 0, True),
+    (500, 0, True),
+    (100, 0, True),
+    (100, 100, True),
+    (100, 200, True),
+    (100, 300, True),
 )
 
 
-def label(step: int | None, margin: int = 0) -> str:
-    if step is None:
-        return "full"
-    return f"step {step}" + (f" + {margin}" if margin else "")
+def label(step: int | None, margin: int = 0, timestamps: bool = True) -> str:
+    name = "full" if step is None else f"step {step}" + (f" + {margin}" if margin else "")
+    return name + ("" if timestamps else " no timestamps")
 
 
-def parse_setting(text: str) -> tuple[int | None, int]:
-    """ "full", "500" or "100+200" -> (step, margin)."""
+def parse_setting(text: str) -> Setting:
+    """ "full", "500", "100+200" or "100+300/notimestamps" -> (step, margin, timestamps)."""
+    timestamps = not text.endswith(NO_TIMESTAMPS)
+    text = text.removesuffix(NO_TIMESTAMPS)
     if text == "full":
-        return None, 0
+        return None, 0, timestamps
     step, _, margin = text.partition("+")
-    return int(step), int(margin or 0)
+    return int(step), int(margin or 0), timestamps
 
 
 def run(settings=SETTINGS, repeat: int = 1, threads: int = 1) -> dict:
@@ -71,10 +78,13 @@ def run(settings=SETTINGS, repeat: int = 1, threads: int = 1) -> dict:
     vocab = WhisperVocab.load(ct2 / "tokenizer.json", ct2 / "config.json")
     sets: dict[str, list[Clip]] = {"human": human_clips(), "voice": clips()[:-1]}
     results: dict = {"threads": threads, "repeat": repeat, "sets": {}}
-    for name, items in sets.items():
+    for set_name, items in sets.items():
         rows = {}
-        for step, margin in settings:
-            options = AsrOptions(window_step=step, window_margin=margin)
+        for step, margin, timestamps in settings:
+            name = label(step, margin, timestamps)
+            options = AsrOptions(
+                decode=DecodeOptions(timestamps=timestamps), window_step=step, window_margin=margin
+            )
             texts, times = [], []
             for clip in items:
                 for _ in range(repeat):
@@ -82,20 +92,21 @@ def run(settings=SETTINGS, repeat: int = 1, threads: int = 1) -> dict:
                     text = transcribe(runtime, vocab, [clip.audio], options)[0].text
                     times.append(time.perf_counter() - started)
                 texts.append(text)
-            rows[label(step, margin)] = {
+            rows[name] = {
                 "step": step,
                 "margin": margin,
+                "timestamps": timestamps,
                 "wer": corpus_wer([c.text for c in items], texts),
                 "ms_p50": float(np.percentile(times, 50) * 1000),
                 "ms_p95": float(np.percentile(times, 95) * 1000),
                 "texts": texts,
             }
-            log.info("%s %s: WER %.3f", name, label(step, margin), rows[label(step, margin)]["wer"])
+            log.info("%s %s: WER %.3f", set_name, name, rows[name]["wer"])
         full = rows["full"]["texts"] if "full" in rows else None
         for row in rows.values():
             pairs = [] if full is None else zip(row["texts"], full, strict=True)
             row["differs_from_full"] = None if full is None else sum(a != b for a, b in pairs)
-        results["sets"][name] = {
+        results["sets"][set_name] = {
             "clips": len(items),
             "seconds": [round(c.seconds, 2) for c in items],
             "references": [c.text for c in items],
@@ -131,7 +142,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="*",
         type=parse_setting,
         default=list(SETTINGS),
-        help='windows to compare: "full", STEP or STEP+MARGIN in mel frames (100 per second)',
+        help='windows to compare: "full", STEP or STEP+MARGIN in mel frames (100 per second), '
+        f"each optionally ending in {NO_TIMESTAMPS}",
     )
     parser.add_argument("--repeat", type=int, default=1, help="timed runs per clip")
     parser.add_argument("--threads", type=int, default=1)

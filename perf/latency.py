@@ -24,7 +24,8 @@ with the FP32 graphs of `llm_decoder`, `tts_vits` and `emotion_encoder`: `avatar
 `*_fp32` copies) and `threads2` (today's, with 2 ONNX Runtime threads per call in the ASR,
 LLM and TTS networks instead of 1), the copies materialised beside the other models; and
 `spec_turn` (today's models, the gateway also starting the reply at the first pause, held
-until the end of speech is confirmed: `--speculate-turn`). Results:
+until the end of speech is confirmed: `--speculate-turn`); `no_partials` (today's, without
+the ASR passes while the user speaks: `--no-partials`). Results:
 build/perf/latency/ (CSV, JSON, markdown, PNG); the table's ratios are of each setting to
 `today`.
 """
@@ -49,7 +50,7 @@ from perf.report import DEFAULT_OUT, plot_bars, write_rows
 
 log = logging.getLogger(__name__)
 OUT = DEFAULT_OUT / "latency"
-SETTINGS = ("today", "release", "fp32", "threads2", "spec_turn")
+SETTINGS = ("today", "release", "fp32", "threads2", "spec_turn", "no_partials")
 # Which parameter of a BLS model names which model it calls (their config.pbtxt files).
 CALLEES: dict[str, dict[str, str]] = {
     "asr": {"encoder_model": "asr_encoder", "decoder_model": "asr_decoder"},
@@ -250,6 +251,8 @@ def _gateway_options(setting: str, end_silence_s: float) -> list[str]:
         options += ["--no-speculate"]
     if setting == "spec_turn":  # today's models; the gateway also starts the reply at a pause
         options += ["--speculate-turn"]
+    elif setting == "no_partials":  # today's, without the ASR passes while the user speaks
+        options += ["--no-partials"]
     elif setting != "today":
         options += ["--model", f"avatar_{setting}"]
     if "asr" in COPIES.get(setting, {}):

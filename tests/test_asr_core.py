@@ -175,3 +175,28 @@ def test_wer_ignores_case_punctuation_and_digits_vs_words():
     assert wer("ten of clubs", "10 of Clubs.") == 0.0
     assert wer("he was not an ill disposed young man", "He was not an ill-disposed man.") == 1 / 8
     assert corpus_wer(["a b c d", "e"], ["a b c d", "x"]) == 1 / 5
+
+
+def test_passes_agree_on_whole_words_only(vocab):
+    from avatar.asr.agreement import check_prefix, common_prefix, whole_words
+    from avatar.asr.vocab import _tokenizer
+
+    def ids(text: str) -> list[int]:
+        return _tokenizer(str(vocab.tokenizer_path)).encode(text, add_special_tokens=False).ids
+
+    ts = vocab.timestamp_begin
+    earlier = [ts, *ids(" And Mr. John Dash")]
+    later = [ts, *ids(" And Mr. John Dashwood had"), ts + 90]
+    agreed = common_prefix(earlier, later)
+    assert agreed == earlier  # " Dash" is a token of both, but not a word both heard
+    assert vocab.decode(whole_words(agreed, vocab)) == " And Mr. John"
+    assert vocab.decode(whole_words(later, vocab)) == " And Mr. John Dashwood"
+    assert whole_words([ts], vocab) == [] and common_prefix([1, 2], [2, 1]) == []
+    assert check_prefix(np.array(agreed), vocab) == agreed
+    for bad, message in [
+        ([vocab.sot, *ids(" Hi")], "not text or timestamp tokens"),
+        (ids(" Hi there"), "begin with a timestamp"),
+        ([ts] * 113, "at most 112"),
+    ]:
+        with pytest.raises(RequestError, match=message):
+            check_prefix(bad, vocab)

@@ -54,7 +54,7 @@ def test_decoder_profile(sidecars, tmp_path):
         "tokens:4x1,self_kv:4x12x8x32x64,cross_kv:4x12x8x300x64,encoder_kv:4x12x8x0x64"
     )
     assert flags["--maxShapes"] == (
-        "tokens:8x3,self_kv:8x12x8x447x64,cross_kv:8x12x8x1500x64,encoder_kv:8x12x8x1500x64"
+        "tokens:8x115,self_kv:8x12x8x447x64,cross_kv:8x12x8x1500x64,encoder_kv:8x12x8x1500x64"
     )
     assert "--fp16" not in cmd
 

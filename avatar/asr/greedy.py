@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -77,7 +78,7 @@ class DecodeOptions:
 
 @dataclasses.dataclass
 class WindowResult:
-    tokens: list[int]  # sampled tokens, without the prompt and without eot
+    tokens: list[int]  # the prefix and the sampled tokens, without the prompt and eot
     language: str
     language_probability: float
     no_speech_prob: float
@@ -89,12 +90,20 @@ def _softmax(x: np.ndarray) -> np.ndarray:
 
 
 def greedy_decode(
-    runtime: WhisperRuntime, mel: np.ndarray, vocab: WhisperVocab, options: DecodeOptions
+    runtime: WhisperRuntime,
+    mel: np.ndarray,
+    vocab: WhisperVocab,
+    options: DecodeOptions,
+    prefixes: Sequence[Sequence[int]] | None = None,
 ) -> list[WindowResult]:
-    """Decode a batch of windows. mel: [batch, n_mels, frames] float32."""
+    """Decode a batch of windows. mel: [batch, n_mels, frames] float32.
+
+    prefixes: per row, tokens the transcript is known to begin with (e.g. what two passes
+    over the speech so far agreed on, `avatar.asr.agreement`), all of one length: they go
+    in with the prompt, in one decoder step, and decoding goes on after them."""
     decoding = runtime.decoding(runtime.encode(mel))
     try:
-        return _decode(decoding, mel.shape, vocab, options)
+        return _decode(decoding, mel.shape, vocab, options, prefixes)
     finally:
         decoding.close()
 
@@ -104,8 +113,12 @@ def _decode(
     mel_shape: tuple[int, ...],
     vocab: WhisperVocab,
     options: DecodeOptions,
+    prefixes: Sequence[Sequence[int]] | None = None,
 ) -> list[WindowResult]:
     batch = mel_shape[0]
+    forced = [list(p) for p in prefixes] if prefixes is not None else [[] for _ in range(batch)]
+    if len(forced) != batch or len({len(p) for p in forced}) > 1:
+        raise ValueError(f"one prefix per row, all of one length; got {[len(p) for p in forced]}")
     done = np.zeros(batch, bool)
     logits = decoding.step(np.full((batch, 1), vocab.sot, np.int64), done)
     no_speech = _softmax(logits)[:, vocab.no_speech]
@@ -119,18 +132,20 @@ def _decode(
         lang_prob = np.ones(batch)
     task = vocab.transcribe if options.task == "transcribe" else vocab.translate
     prompt = [
-        [int(lang), task] + ([] if options.timestamps else [vocab.no_timestamps]) for lang in chosen
+        [int(lang), task] + ([] if options.timestamps else [vocab.no_timestamps]) + prefix
+        for lang, prefix in zip(chosen, forced, strict=True)
     ]
     logits = decoding.step(np.array(prompt, np.int64), done)
 
-    sampled: list[list[int]] = [[] for _ in range(batch)]
+    n_forced = len(forced[0])
+    sampled: list[list[int]] = forced  # the prefix counts as sampled for the rules
     sum_logprob = np.zeros(batch)
-    for step in range(options.max_new_tokens):
+    for step in range(options.max_new_tokens - n_forced):
         masked = apply_rules(
             logits,
             sampled,
             vocab,
-            step == 0,
+            n_forced == 0 and step == 0,
             timestamps=options.timestamps,
             max_initial_timestamp_index=options.max_initial_timestamp_index,
             max_timestamp_index=mel_shape[2] // FRAMES_PER_TIMESTAMP,
@@ -155,7 +170,7 @@ def _decode(
             language=vocab.language_code(int(chosen[k])),
             language_probability=float(lang_prob[k]),
             no_speech_prob=float(no_speech[k]),
-            avg_logprob=float(sum_logprob[k] / (len(sampled[k]) + 1)),
+            avg_logprob=float(sum_logprob[k] / (len(sampled[k]) - n_forced + 1)),
         )
         for k in range(batch)
     ]

@@ -52,6 +52,7 @@ class Transcript:
     language_probability: float
     segments: list[Segment]
     duration: float  # seconds of audio
+    tokens: list[int] = dataclasses.field(default_factory=list)  # text and timestamps, all windows
 
 
 def check_audio(
@@ -97,9 +98,11 @@ class _State:
     mel: np.ndarray  # [80, frames]
     content_frames: int
     language: str | None
+    prefix: list[int]  # forced at the start of the first window
     seek: int = 0
     language_probability: float = 1.0
     segments: list[Segment] = dataclasses.field(default_factory=list)
+    tokens: list[int] = dataclasses.field(default_factory=list)
 
 
 def split_segments(
@@ -140,13 +143,21 @@ def transcribe(
     vocab: WhisperVocab,
     audios: Sequence[np.ndarray],
     options: AsrOptions = AsrOptions(),
+    prefixes: Sequence[Sequence[int]] | None = None,
 ) -> list[Transcript]:
-    """Transcribe checked 16-kHz audios ([samples] float32 each), decoding them in lockstep."""
+    """Transcribe checked 16-kHz audios ([samples] float32 each), decoding them in lockstep.
+
+    prefixes: per audio, tokens its transcript begins with (checked, whole words:
+    avatar.asr.agreement), forced at the start of its first window; rows with prefixes of
+    different lengths decode in separate lockstep batches."""
     states = []
-    for audio in audios:
+    for i, audio in enumerate(audios):
         mel = log_mel(audio)
         silent = float(np.abs(audio).max()) < options.silence_peak
-        states.append(_State(mel, 0 if silent else mel.shape[1] - 1, options.decode.language))
+        prefix = [] if prefixes is None or silent else list(prefixes[i])
+        states.append(
+            _State(mel, 0 if silent else mel.shape[1] - 1, options.decode.language, prefix)
+        )
     while active := [s for s in states if s.seek < s.content_frames]:
         sizes = [min(N_FRAMES, s.content_frames - s.seek) for s in active]
         frames = max(window_frames(n, options.window_step, options.window_margin) for n in sizes)
@@ -156,8 +167,8 @@ def transcribe(
                 for s, n in zip(active, sizes, strict=True)
             ]
         )
-        languages = [s.language for s in active]
-        results = _decode_rows(runtime, vocab, mel, languages, options.decode)
+        keys = [(s.language, s.prefix if s.seek == 0 else []) for s in active]
+        results = _decode_rows(runtime, vocab, mel, keys, options.decode)
         for state, size, result in zip(active, sizes, results, strict=True):
             if state.language is None:
                 state.language, state.language_probability = (
@@ -173,6 +184,7 @@ def transcribe(
                 state.seek += size
                 continue
             offset = state.seek * FRAME_SECONDS
+            state.tokens += result.tokens
             pieces, state.seek = split_segments(result.tokens, vocab, offset, size, state.seek)
             for start, end, tokens in pieces:
                 text = vocab.decode(tokens)
@@ -185,24 +197,28 @@ def transcribe(
             language_probability=s.language_probability,
             segments=s.segments,
             duration=(s.mel.shape[1] - 1) * FRAME_SECONDS,
+            tokens=s.tokens,
         )
         for s in states
     ]
 
 
-def _decode_rows(runtime, vocab, mel, languages, options: DecodeOptions):
-    """Rows with a known language and rows that detect it go in one batch when all agree."""
-    if len(set(languages)) == 1:
-        return greedy_decode(
-            runtime, mel, vocab, dataclasses.replace(options, language=languages[0])
+def _decode_rows(runtime, vocab, mel, keys: list[tuple[str | None, list[int]]], options):
+    """Rows go in one lockstep batch when they agree on the language (a known one, or
+    detected) and on their prefix's length."""
+    groups: dict[tuple[str | None, int], list[int]] = {}
+    for i, (language, prefix) in enumerate(keys):
+        groups.setdefault((language, len(prefix)), []).append(i)
+    results: list = [None] * len(keys)
+    for (language, _), rows in groups.items():
+        batch = mel if len(rows) == len(keys) else mel[rows]
+        decoded = greedy_decode(
+            runtime,
+            batch,
+            vocab,
+            dataclasses.replace(options, language=language),
+            [keys[i][1] for i in rows],
         )
-    results: list = [None] * len(languages)
-    for lang in set(languages):
-        rows = [i for i, x in enumerate(languages) if x == lang]
-        for i, r in zip(
-            rows,
-            greedy_decode(runtime, mel[rows], vocab, dataclasses.replace(options, language=lang)),
-            strict=True,
-        ):
+        for i, r in zip(rows, decoded, strict=True):
             results[i] = r
     return results

@@ -80,6 +80,10 @@ class WhisperVocab:
     def language_code(self, token: int) -> str:
         return next(code for code, i in self.languages.items() if i == token)
 
+    def word_start(self, token: int) -> bool:
+        """Whether a text token begins a word (byte-level BPE: it carries the space, "Ġ")."""
+        return (_tokenizer(str(self.tokenizer_path)).id_to_token(token) or "").startswith("Ġ")
+
     def decode(self, tokens: list[int]) -> str:
         """Text of the text tokens among `tokens` (special and timestamp tokens dropped)."""
         return _tokenizer(str(self.tokenizer_path)).decode([t for t in tokens if t < self.eot])

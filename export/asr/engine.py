@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from avatar.asr.agreement import MAX_PREFIX_TOKENS
 from avatar.asr.features import N_FRAMES
 from avatar.sidecar import Sidecar
 from export.tensorrt import engine
@@ -34,7 +35,9 @@ class Profile(ShapeProfile):
     batch: Range = (1, 4, MAX_BATCH)
     frames: Range = (400, 600, N_FRAMES)
     positions: Range = (200, 300, N_FRAMES // 2)
-    tokens: Range = (1, 1, 3)  # <|sot|>, then <|lang|><|task|>[<|notimestamps|>]
+    # <|sot|>, then <|lang|><|task|>[<|notimestamps|>] and a caller's prefix (the `asr`
+    # model's `prefix` input, avatar.asr.agreement), then one token per step
+    tokens: Range = (1, 1, 3 + MAX_PREFIX_TOKENS)
     past: Range = (0, 32, MAX_TEXT - 1)
     cached_positions: Range = (0, 300, N_FRAMES // 2)
     new_positions: Range = (0, 0, N_FRAMES // 2)

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from avatar.asr.agreement import check_prefix, whole_words
 from avatar.asr.features import N_SAMPLES
 from avatar.asr.greedy import DecodeOptions, WhisperRuntime
 from avatar.asr.long_form import transcribe_long
@@ -118,7 +119,7 @@ class TritonPythonModel:
             self.stage_max_batch,
         )
 
-    def _parse(self, request) -> tuple[np.ndarray, str | None, str]:
+    def _parse(self, request) -> tuple[np.ndarray, str | None, str, list[int]]:
         audio = input_array(request, "audio")
         rate = input_array(request, "sample_rate", optional=True)
         rate = 16_000 if rate is None else int(np.asarray(rate).reshape(-1)[0])
@@ -128,7 +129,20 @@ class TritonPythonModel:
         mode = _string(request, "segmentation") or self.segmentation
         if mode not in SEGMENTATION:
             raise RequestError(f"segmentation {mode!r}: expected one of {list(SEGMENTATION)}")
-        return check_audio(audio, rate, self.max_seconds), language, mode
+        audio = check_audio(audio, rate, self.max_seconds)
+        prefix = input_array(request, "prefix", optional=True)
+        if prefix is None or not prefix.size:
+            return audio, language, mode, []
+        if len(audio) > N_SAMPLES:
+            raise RequestError(
+                f"prefix is for audio of one window (<= 30 s); got {len(audio) / 16000:.1f} s"
+            )
+        return (
+            audio,
+            language,
+            mode,
+            whole_words(check_prefix(prefix.reshape(-1), self.vocab), self.vocab),
+        )
 
     def _options(self, language: str | None) -> AsrOptions:
         return AsrOptions(
@@ -158,7 +172,7 @@ class TritonPythonModel:
         for i, p in enumerate(parsed):
             if isinstance(p, Exception):
                 continue
-            audio, language, mode = p
+            audio, language, mode, _ = p
             if mode == "vad" and len(audio) > N_SAMPLES:  # pieces of one request batch together
                 try:
                     speech = self._speech(audio)
@@ -180,7 +194,13 @@ class TritonPythonModel:
             try:
                 for i, t in zip(
                     rows,
-                    transcribe(self.runtime, self.vocab, [parsed[i][0] for i in rows], options),
+                    transcribe(
+                        self.runtime,
+                        self.vocab,
+                        [parsed[i][0] for i in rows],
+                        options,
+                        [parsed[i][3] for i in rows],
+                    ),
                     strict=True,
                 ):
                     results[i] = t
@@ -205,5 +225,6 @@ class TritonPythonModel:
             ),
             pb_utils.Tensor("segment_times", times),
             pb_utils.Tensor("segment_texts", texts),
+            pb_utils.Tensor("tokens", np.array([result.tokens], np.int32).reshape(1, -1)),
         ]
         return pb_utils.InferenceResponse(output_tensors=tensors)

@@ -1,0 +1,53 @@
+"""Decoding from a prefix (what passes over the speech so far agreed on), with the exported
+networks in-process: the transcript is Whisper's own where the prefix is, and starts with
+the prefix where it is not."""
+
+from __future__ import annotations
+
+import pytest
+
+from avatar.asr.agreement import whole_words
+from avatar.asr.transcribe import AsrOptions, transcribe
+
+SERVED = AsrOptions(window_step=100, window_margin=300)
+
+
+@pytest.fixture(scope="module")
+def whisper():
+    from avatar.asr.onnx_runtime import DECODER_STEP_FILE, OnnxWhisperRuntime
+    from avatar.asr.vocab import WhisperVocab
+    from export.asr.weights import packaged_ct2_dir
+    from export.registry import ensure_all
+
+    folders = ensure_all(["asr_encoder", "asr_decoder"])
+    runtime = OnnxWhisperRuntime(
+        folders["asr_encoder"] / "model.onnx", folders["asr_decoder"] / DECODER_STEP_FILE
+    )
+    ct2 = packaged_ct2_dir()
+    return runtime, WhisperVocab.load(ct2 / "tokenizer.json", ct2 / "config.json")
+
+
+def test_a_prefix_of_whispers_own_words_changes_nothing_and_saves_steps(whisper):
+    from export.asr.clips import clips
+
+    runtime, vocab = whisper
+    audios = [c.audio for c in clips(3)]
+    plain = transcribe(runtime, vocab, audios, SERVED)
+    prefixes = [whole_words(t.tokens[: len(t.tokens) // 2 + 2], vocab) for t in plain]
+    assert all(prefixes) and len({len(p) for p in prefixes}) > 1  # lockstep groups differ
+    forced = transcribe(runtime, vocab, audios, SERVED, prefixes)
+    for a, b, prefix in zip(plain, forced, prefixes, strict=True):
+        assert b.text == a.text and b.tokens == a.tokens
+        assert b.tokens[: len(prefix)] == prefix
+
+
+def test_a_wrong_prefix_is_kept_and_decoding_goes_on_after_it(whisper):
+    from avatar.asr.vocab import _tokenizer
+    from export.asr.clips import clips
+
+    runtime, vocab = whisper
+    clip = clips(1)[0]  # "Hello, how are you today?"
+    words = _tokenizer(str(vocab.tokenizer_path)).encode(" Goodbye", add_special_tokens=False)
+    prefix = [vocab.timestamp_begin, *words.ids]
+    result = transcribe(runtime, vocab, [clip.audio], SERVED, [prefix])[0]
+    assert result.text.startswith("Goodbye") and len(result.text) > len("Goodbye")

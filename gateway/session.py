@@ -77,6 +77,7 @@ class _Turn:
     session_id: str = ""  # the conversation the turn answers in
     parent_session_id: str = ""  # set for a fork (a speculative turn)
     held: list[tuple[str, Any]] | None = None  # messages kept until the turn is confirmed
+    asr_prefix_tokens: int = 0  # of its transcript, taken from the passes while speaking
 
 
 @dataclasses.dataclass
@@ -85,6 +86,7 @@ class _Speculation:
     it (held) when speculative turns are on."""
 
     text: str
+    prefix_tokens: int = 0  # the transcript started from what the passes agreed on
     turn: _Turn | None = None
 
 
@@ -282,7 +284,12 @@ class LiveSession:
                 await self._confirm(result.turn)
                 return
             text = result.text if result is not None else None
-            await self.start_turn(audio=None if text else utterance, text=text, spoken=True)
+            await self.start_turn(
+                audio=None if text else utterance,
+                text=text,
+                spoken=True,
+                asr_prefix_tokens=result.prefix_tokens if text else 0,
+            )
 
     def _speculate(self, silent_chunks: int) -> None:
         """Start ASR (and the turn) at the first pause; drop it when the speaker goes on."""
@@ -306,9 +313,10 @@ class LiveSession:
         )
 
     async def _speculative(self, audio: np.ndarray) -> _Speculation:
-        text, _ = await self._transcribe(audio, self.partials.prefix)
+        prefix = self.partials.prefix
+        text, _ = await self._transcribe(audio, prefix)
         text = text.strip()
-        speculation = _Speculation(text)
+        speculation = _Speculation(text, len(prefix))
         if text and self.options.speculate_turn:
             self.turns += 1  # a discarded speculative turn leaves a gap in the numbers
             turn = _Turn(
@@ -317,6 +325,7 @@ class LiveSession:
                 session_id=uuid.uuid4().hex,
                 parent_session_id=self.session_id,
                 held=[],
+                asr_prefix_tokens=len(prefix),
             )
             turn.task = asyncio.create_task(self._run_turn(turn, None, text))
             speculation.turn = turn
@@ -412,13 +421,23 @@ class LiveSession:
                 await turn.task  # its turn_end is sent; errors were reported already
 
     async def start_turn(
-        self, *, audio: np.ndarray | None = None, text: str | None = None, spoken: bool = False
+        self,
+        *,
+        audio: np.ndarray | None = None,
+        text: str | None = None,
+        spoken: bool = False,
+        asr_prefix_tokens: int = 0,
     ) -> None:
         await self.interrupt("superseded")
         if not spoken:  # a typed turn supersedes what the microphone started
             self._drop_speculation()
         self.turns += 1
-        turn = _Turn(self.turns, spoken=spoken, session_id=self.session_id)
+        turn = _Turn(
+            self.turns,
+            spoken=spoken,
+            session_id=self.session_id,
+            asr_prefix_tokens=asr_prefix_tokens,
+        )
         self.turn = turn
         turn.task = asyncio.create_task(self._run_turn(turn, audio, text))
 
@@ -433,6 +452,7 @@ class LiveSession:
                 "input": "audio" if turn.spoken else "text",
                 "speculative_asr": turn.spoken and text is not None,
                 "speculative_turn": bool(turn.parent_session_id),
+                "asr_prefix_tokens": turn.asr_prefix_tokens,
             },
         )
         inputs = []

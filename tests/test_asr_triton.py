@@ -25,6 +25,9 @@ def _infer(
     rate: int | None = None,
     language: str | None = None,
     segmentation: str | None = None,
+    *,
+    prefix: list[int] | None = None,
+    names: tuple[str, ...] = ("text", "detected_language", "segment_times", "segment_texts"),
 ):
     import tritonclient.grpc as grpcclient
 
@@ -40,7 +43,9 @@ def _infer(
     if segmentation is not None:
         inputs.append(grpcclient.InferInput("segmentation", [1, 1], "BYTES"))
         inputs[-1].set_data_from_numpy(np.array([[segmentation.encode()]], np.object_))
-    names = ["text", "detected_language", "segment_times", "segment_texts"]
+    if prefix is not None:
+        inputs.append(grpcclient.InferInput("prefix", [1, len(prefix)], "INT32"))
+        inputs[-1].set_data_from_numpy(np.array([prefix], np.int32))
     result = client.infer(
         "asr", inputs, outputs=[grpcclient.InferRequestedOutput(n) for n in names]
     )
@@ -92,6 +97,31 @@ def test_bad_requests_get_clear_errors(grpc_url, audio, rate, language, message)
     with pytest.raises(InferenceServerException, match="segmentation 'beam'"):
         _infer(grpc_url, np.zeros(1600, np.float32), segmentation="beam")
     assert _infer(grpc_url, clips(1)[0].audio)["text"][0, 0]  # the model keeps serving
+
+
+def test_a_prefix_from_an_earlier_pass_gives_the_same_transcript(grpc_url):
+    """A live caller's passes: the tokens of one transcript, sent back as the next one's
+    prefix (its last word is dropped by the model), give the same transcript; a prefix that
+    is not Whisper's tokens, or with audio of more than one window, is refused saying why."""
+    from tritonclient.utils import InferenceServerException
+
+    clip = clips()[1]
+    names = ("text", "tokens")
+    first = _infer(grpc_url, clip.audio, names=names)
+    tokens = [int(t) for t in first["tokens"].reshape(-1)]
+    assert len(tokens) > 6 and tokens[0] >= 50364  # it begins with a timestamp
+    again = _infer(grpc_url, clip.audio, prefix=tokens[: len(tokens) // 2], names=names)
+    assert again["text"][0, 0] == first["text"][0, 0]
+    assert [int(t) for t in again["tokens"].reshape(-1)] == tokens
+    for prefix, audio, message in [
+        ([50258, 50359], clip.audio, "not text or timestamp tokens"),
+        ([1012, 50364], clip.audio, "begin with a timestamp"),
+        ([50364] * 113, clip.audio, "at most 112"),
+        (tokens[:4], np.zeros(16000 * 31, np.float32), "one window"),
+    ]:
+        with pytest.raises(InferenceServerException, match=message):
+            _infer(grpc_url, audio, prefix=prefix, names=names)
+    assert _infer(grpc_url, clip.audio, names=names)["text"][0, 0] == first["text"][0, 0]
 
 
 def test_long_audio_windows_and_vad(grpc_url):

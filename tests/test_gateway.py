@@ -175,6 +175,20 @@ def test_a_pause_inside_a_question_discards_the_speculative_transcript(gateway: 
     assert wer(f"{first.text} {second.text}", transcript["text"]) < 0.2, transcript
 
 
+def test_passes_while_speaking_leave_only_the_last_words_for_the_pause(gateway: str) -> None:
+    """A 7-s human recording: the gateway transcribes the speech so far every second while
+    it is spoken; the transcript at the pause starts from what two passes agreed on."""
+    from export.asr.human import human_clips
+
+    clip = max(human_clips(), key=lambda c: c.seconds)
+    reply = asyncio.run(converse(_ws(gateway), clip.audio, controls={"seed": 3}))
+    assert not reply.of("error"), reply.of("error")
+    (start,) = reply.of("turn_start")
+    assert start["speculative_asr"] is True and start["asr_prefix_tokens"] >= 5, start
+    (transcript,) = reply.of("transcript")
+    assert wer(clip.text, transcript["text"]) < 0.1, transcript
+
+
 @pytest.fixture(scope="module")
 def speculating_gateway(triton_server) -> Iterator[str]:
     """A gateway that also starts the reply at the first pause (`--speculate-turn`)."""

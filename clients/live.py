@@ -129,6 +129,8 @@ async def converse(
                 if kind == "turn_start":
                     reply.ordinal(data["turn"])
                 reply.at.setdefault(kind, now)
+                if kind == "partial_transcript" and data.get("at_pause"):
+                    reply.at["partial_at_pause"] = now  # the last pause's: the utterance's end
                 if kind == "speech_end":
                     reply.at.setdefault(f"speech_end{len(reply.of('speech_end'))}", now)
                 if kind == "turn_end" and len(reply.of("turn_end")) >= turns_wanted:
@@ -177,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
             barge_in=read_wav(args.barge_in) if args.barge_in else None,
         )
     )
+    for m in reply.of("partial_transcript"):
+        print(f"(hearing, {m['audio_s']:.1f} s): {m['text']}")
     for m in reply.of("transcript"):
         print(f"you: {m['text']}")
     for m in reply.of("sentence"):

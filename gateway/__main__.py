@@ -50,9 +50,15 @@ def main(argv: list[str] | None = None) -> None:
         help="a portrait rig folder (rig.json + photo.png): the page draws that photo with "
         "WebGL; without it, a cartoon face",
     )
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING"],
+        help="DEBUG: every ASR pass and its time",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     run(
         args.triton_url,

@@ -33,6 +33,10 @@ log = logging.getLogger(__name__)
 AVATAR_OUTPUTS = tuple(n for n in OUTPUTS if n != "video")  # the page draws the face
 MAX_TEXT_CHARS = 2000
 END_SILENCE_RANGE = (0.2, 2.0)  # seconds of silence that end an utterance (a control)
+# Passes while the user speaks take the language of the session's last utterance; before
+# one is known they wait for this much speech: Whisper heard the first second of "What time
+# does the museum open on Sunday?" as Urdu, and looped on it to its token limit.
+DETECT_LANGUAGE_S = 2.0
 
 
 @dataclasses.dataclass
@@ -157,6 +161,7 @@ class LiveSession:
         after = self.options.speculate_after_s
         self._speculate_chunks = None if after is None else max(1, round(after / CHUNK_S))
         self.partials = _Partials(self.options.partial_every_s)
+        self.language: str | None = None  # Whisper's, of this session's last utterance
 
     # ------------------------------------------------------------------ client messages
 
@@ -307,15 +312,37 @@ class LiveSession:
         chunks = len(self.endpointer.chunks)
         if not self.partials.due(chunks) or _Partials.in_flight >= self.options.partial_limit:
             return
+        if self.language is None and chunks * CHUNK_S < DETECT_LANGUAGE_S:
+            return  # too little to tell the language by
         audio = np.concatenate(self.endpointer.chunks)
-        self.partials.start(
-            chunks, asyncio.create_task(self._transcribe(audio, self.partials.prefix))
-        )
+        self.partials.start(chunks, asyncio.create_task(self._heard(audio, self.partials.prefix)))
+
+    async def _heard(self, audio: np.ndarray, prefix: list[int]) -> tuple[str, list[int]]:
+        """A pass while the user speaks; the page shows what it heard (live captions)."""
+        text, tokens, _ = await self._transcribe(audio, prefix, language=self.language)
+        if asyncio.current_task() is self.partials.task:  # still this utterance's
+            await self._partial_transcript(text, audio, at_pause=False)
+        return text, tokens
+
+    async def _partial_transcript(self, text: str, audio: np.ndarray, *, at_pause: bool) -> None:
+        if text.strip():
+            await self.send_json(
+                {
+                    "type": "partial_transcript",
+                    "text": text.strip(),
+                    "at_pause": at_pause,
+                    "audio_s": round(len(audio) / protocol.INPUT_RATE, 3),
+                }
+            )
 
     async def _speculative(self, audio: np.ndarray) -> _Speculation:
         prefix = self.partials.prefix
-        text, _ = await self._transcribe(audio, prefix)
+        text, _, language = await self._transcribe(audio, prefix)
         text = text.strip()
+        if text:
+            self.language = language  # heard over a whole utterance: the passes' language
+        if asyncio.current_task() is self.speculation:  # the end of speech is not yet confirmed
+            await self._partial_transcript(text, audio, at_pause=True)
         speculation = _Speculation(text, len(prefix))
         if text and self.options.speculate_turn:
             self.turns += 1  # a discarded speculative turn leaves a gap in the numbers
@@ -378,9 +405,10 @@ class LiveSession:
         turn.held = None  # no await since the list was seen empty: nothing is lost
 
     async def _transcribe(
-        self, audio: np.ndarray, prefix: list[int] | None = None
-    ) -> tuple[str, list[int]]:
-        """(text, tokens) of the audio; `prefix`: the tokens earlier passes agreed on."""
+        self, audio: np.ndarray, prefix: list[int] | None = None, language: str | None = None
+    ) -> tuple[str, list[int], str]:
+        """(text, tokens, language) of the audio; `prefix`: the tokens earlier passes agreed
+        on; `language`: None to detect it."""
         import tritonclient.grpc.aio as grpcclient
 
         tensor = grpcclient.InferInput("audio", [1, len(audio)], "FP32")
@@ -390,10 +418,24 @@ class LiveSession:
             ids = np.array([prefix], np.int32)
             inputs.append(grpcclient.InferInput("prefix", list(ids.shape), "INT32"))
             inputs[-1].set_data_from_numpy(ids)
-        outputs = [grpcclient.InferRequestedOutput(n) for n in ("text", "tokens")]
+        if language:
+            inputs.append(grpcclient.InferInput("language", [1, 1], "BYTES"))
+            inputs[-1].set_data_from_numpy(np.array([[language.encode()]], dtype=object))
+        names = ("text", "tokens", "detected_language")
+        outputs = [grpcclient.InferRequestedOutput(n) for n in names]
+        started = time.monotonic()
         result = await self.client.infer(self.options.asr_model, inputs, outputs=outputs)
         text = result.as_numpy("text").reshape(-1)[0].decode("utf-8", "replace")
-        return text, [int(t) for t in result.as_numpy("tokens").reshape(-1)]
+        detected = result.as_numpy("detected_language").reshape(-1)[0].decode("utf-8", "replace")
+        log.debug(
+            "asr pass: %.2f s of audio, %d prefix tokens: %.0f ms, %d passes in flight: %r",
+            len(audio) / protocol.INPUT_RATE,
+            len(prefix or ()),
+            (time.monotonic() - started) * 1000,
+            _Partials.in_flight,
+            text,
+        )
+        return text, [int(t) for t in result.as_numpy("tokens").reshape(-1)], detected
 
     def busy(self) -> bool:
         """A reply is being generated or should still be playing on the client."""

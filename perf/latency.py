@@ -9,6 +9,8 @@ and the packaged voice's questions. Per setting and number of sessions, from the
 speech (when the last frame holding speech was sent; speech = 10-ms windows within 26 dB
 of the clip's loudest), client side:
 
+- `caption`: the whole utterance's text on the page: the `partial_transcript` of the first
+  pause (while the endpointer still waits), or the turn's `transcript` if that came first;
 - `endpoint`: the gateway's `speech_end` (end_silence_s + the vad's round trips);
 - `transcript`, `first_audio`, `first_frame` (the first ARKit-52 frames): arrival of the
   messages;
@@ -98,6 +100,7 @@ COPIES: dict[str, dict[str, dict[str, str]]] = {
     ),
 }
 MILESTONES = (
+    "caption",
     "endpoint",
     "transcript",
     "first_token",
@@ -116,6 +119,7 @@ class TurnRow:
     speech_s: float
     transcript: str
     # ms after the end of speech (client side), None when not reached
+    caption: float | None = None
     endpoint: float | None = None
     transcript_ms: float | None = None
     first_token: float | None = None
@@ -203,6 +207,9 @@ def spoken_turn(ws_url: str, row: TurnRow, audio: np.ndarray, seed: int) -> None
     row.transcript = reply.of("transcript")[0]["text"] if reply.of("transcript") else ""
     row.endpoint = after("speech_end1")
     row.transcript_ms = after("transcript")
+    # (an at-pause caption before the end of speech was of a pause inside the question)
+    captions = [t for t in (after("partial_at_pause"), row.transcript_ms) if t and t > 0]
+    row.caption = min(captions) if captions else None
     timings = ends[0].get("timings", {})
     since = timings.get("since_request_ms", {})
     ttft = timings.get("llm_stats", {}).get("ttft_ms")

@@ -247,3 +247,28 @@ def test_decoder_sequences_refuse_bad_steps(runtime):
         sequences.check(WindowStep(7, np.full(448, 440)))
     sequences.run([WindowStep(7, np.array([440]), end=True)])
     assert len(sequences) == 0
+
+
+def test_a_looping_short_window_ends_at_its_speech_token_limit(runtime, vocab):
+    """The first second of a human recording, as a live pass hears it while the user speaks:
+    Whisper repeats "Had he married?" to the 224-token limit (3.2 s on one core). The cap of
+    10 + 10 tokens per second of speech ends it at 20; whole recordings are unchanged."""
+    from avatar.asr.greedy import DecodeOptions
+    from avatar.asr.transcribe import AsrOptions
+    from export.asr.human import human_clips
+
+    served = AsrOptions(window_step=100, window_margin=300)  # the asr model's windows
+    uncapped = AsrOptions(
+        decode=DecodeOptions(max_tokens_per_second=None), window_step=100, window_margin=300
+    )
+    recordings = human_clips()
+    clip = next(c for c in recordings if c.text.lower().startswith("had he married"))
+    first_second = clip.audio[:16_000]
+    (looping,) = transcribe(runtime, vocab, [first_second], uncapped)
+    assert len(looping.tokens) >= 100, looping.text  # the failure the cap is for
+    (capped,) = transcribe(runtime, vocab, [first_second], served)
+    assert len(capped.tokens) <= 20 and capped.text.lower().startswith("had he married")
+    audios = [c.audio for c in recordings]
+    assert [t.text for t in transcribe(runtime, vocab, audios, served)] == [
+        t.text for t in transcribe(runtime, vocab, audios, uncapped)
+    ]

@@ -187,6 +187,39 @@ def test_passes_while_speaking_leave_only_the_last_words_for_the_pause(gateway: 
     assert start["speculative_asr"] is True and start["asr_prefix_tokens"] >= 5, start
     (transcript,) = reply.of("transcript")
     assert wer(clip.text, transcript["text"]) < 0.1, transcript
+    # the passes were shown as live captions while the question was spoken, each over more
+    # of it, before its turn; every word of each is in the question's text
+    partials = [
+        (m, reply.messages.index(m)) for m in reply.of("partial_transcript") if not m["at_pause"]
+    ]
+    assert len(partials) >= 3, reply.of("partial_transcript")
+    heard = [m["audio_s"] for m, _ in partials]
+    assert heard == sorted(heard) and heard[-1] < clip.seconds + 0.5, heard
+    first_turn_message = reply.messages.index(start)
+    assert all(i < first_turn_message and "turn" not in m for m, i in partials)
+    words = set(_words(clip.text))
+    for m, _ in partials:
+        unknown = [w for w in _words(m["text"]) if w not in words]
+        assert len(unknown) <= 2, (m["text"], unknown)  # a last word heard cut short
+
+
+def _words(text: str) -> list[str]:
+    return "".join(c if c.isalnum() or c == "'" else " " for c in text.lower()).split()
+
+
+def test_the_first_pause_shows_the_utterance_before_its_end_is_confirmed(gateway: str) -> None:
+    """At the first 0.2-s pause the page gets the whole question as a caption, while the
+    endpointer still waits; the turn's transcript says the same. (A 1.5-s end of speech, so
+    that a slow machine's ASR still finishes within it: the caption is sent only then.)"""
+    clip = clips()[1]  # "What time does the museum open on Sunday?"
+    controls = {"seed": 1, "end_silence_s": 1.5}
+    reply = asyncio.run(converse(_ws(gateway), clip.audio, controls=controls))
+    assert not reply.of("error"), reply.of("error")
+    at_pause = [m for m in reply.of("partial_transcript") if m["at_pause"]]
+    assert len(at_pause) == 1, reply.of("partial_transcript")
+    (transcript,) = reply.of("transcript")
+    assert at_pause[0]["text"] == transcript["text"]
+    assert reply.at["partial_at_pause"] < reply.at["speech_end1"] < reply.at["transcript"]
 
 
 @pytest.fixture(scope="module")

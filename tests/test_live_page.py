@@ -168,12 +168,15 @@ def test_a_spoken_question_is_answered_in_the_browser(
             time.sleep(0.5)
         time.sleep(2.0)  # the reply plays; the face moves with it
         stats = driver.execute_script("return window.liveStats")
+        captions = driver.find_elements("css selector", "#log .hearing")
         logs = driver.get_log("browser") if hasattr(driver, "get_log") else []
     finally:
         driver.quit()
     assert not stats["errors"], (stats["errors"], logs)
     assert stats["ready"] and stats["turnEnds"], stats
     assert wer(clip.text, stats["transcripts"][0]) < 0.2, stats["transcripts"]
+    # live captions while it was spoken, replaced by the transcript
+    assert stats["partials"] and not captions, (stats["partials"], captions)
     assert stats["sentences"] >= 1 and stats["audioChunks"] >= 1 and stats["framesChunks"] >= 1
     assert stats["framesDrawn"] > 10, "the face was not driven by the reply's frames"
     assert stats["portraitFramesDrawn"] > 10, "the portrait did not move with the reply"

@@ -115,6 +115,8 @@ def test_latency_smoke(triton_server: EmbeddedServer, tmp_path: Path, capsys) ->
     order = ["endpoint", "transcript_ms", "first_sentence", "first_audio"]
     values = [float(turn[k]) for k in order]
     assert values == sorted(values) and 0 < values[0] < 2000, values
+    # the whole question on the page: at the pause's caption, at the latest the transcript
+    assert 0 < float(turn["caption"]) <= float(turn["transcript_ms"])
     assert "| 1 | first_audio |" in capsys.readouterr().out
     _png(tmp_path / "latency.png")
 

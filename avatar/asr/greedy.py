@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -73,6 +74,12 @@ class DecodeOptions:
     task: str = "transcribe"  # or "translate"
     timestamps: bool = True
     max_new_tokens: int = 224  # openai/whisper's sample_len (half the text context)
+    # A window's tokens at most 10 + this many per second of its speech: Whisper can loop
+    # on a short window ("Had he married? Had he married? ..." to the 224-token limit, 3.2 s
+    # on one core, on the first second of a human recording: a live pass while the user
+    # speaks). Real speech has 4.7 tokens/s at the median, 7.2 at most, timestamps
+    # included (the human recordings and the packaged voice's questions). None: no cap.
+    max_tokens_per_second: float | None = 10.0
     max_initial_timestamp_index: int | None = 50  # 1.0 s
 
 
@@ -95,17 +102,28 @@ def greedy_decode(
     vocab: WhisperVocab,
     options: DecodeOptions,
     prefixes: Sequence[Sequence[int]] | None = None,
+    *,
+    max_tokens: Sequence[int] | None = None,
 ) -> list[WindowResult]:
     """Decode a batch of windows. mel: [batch, n_mels, frames] float32.
 
     prefixes: per row, tokens the transcript is known to begin with (e.g. what two passes
     over the speech so far agreed on, `avatar.asr.agreement`), all of one length: they go
-    in with the prompt, in one decoder step, and decoding goes on after them."""
+    in with the prompt, in one decoder step, and decoding goes on after them.
+    max_tokens: per row, the most tokens (prefix included) its transcript may have; a row
+    that reaches it ends there (`speech_token_limit`). None: options.max_new_tokens."""
     decoding = runtime.decoding(runtime.encode(mel))
     try:
-        return _decode(decoding, mel.shape, vocab, options, prefixes)
+        return _decode(decoding, mel.shape, vocab, options, prefixes, max_tokens=max_tokens)
     finally:
         decoding.close()
+
+
+def speech_token_limit(options: DecodeOptions, seconds: float) -> int:
+    """The most tokens a window with `seconds` of speech may decode (see DecodeOptions)."""
+    if options.max_tokens_per_second is None:
+        return options.max_new_tokens
+    return min(options.max_new_tokens, 10 + math.ceil(options.max_tokens_per_second * seconds))
 
 
 def _decode(
@@ -114,11 +132,16 @@ def _decode(
     vocab: WhisperVocab,
     options: DecodeOptions,
     prefixes: Sequence[Sequence[int]] | None = None,
+    *,
+    max_tokens: Sequence[int] | None = None,
 ) -> list[WindowResult]:
     batch = mel_shape[0]
     forced = [list(p) for p in prefixes] if prefixes is not None else [[] for _ in range(batch)]
     if len(forced) != batch or len({len(p) for p in forced}) > 1:
         raise ValueError(f"one prefix per row, all of one length; got {[len(p) for p in forced]}")
+    limits = [options.max_new_tokens] * batch if max_tokens is None else list(max_tokens)
+    if len(limits) != batch:
+        raise ValueError(f"one token limit per row: {len(limits)} for {batch} rows")
     done = np.zeros(batch, bool)
     logits = decoding.step(np.full((batch, 1), vocab.sot, np.int64), done)
     no_speech = _softmax(logits)[:, vocab.no_speech]
@@ -160,6 +183,7 @@ def _decode(
                 done[k] = True
             else:
                 sampled[k].append(int(next_tokens[k]))
+                done[k] = len(sampled[k]) >= limits[k]  # a loop, cut (DecodeOptions)
         if done.all():
             break
         feed = np.where(done, vocab.eot, next_tokens).astype(np.int64)[:, None]

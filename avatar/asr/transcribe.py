@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from avatar.asr.features import N_FRAMES, SAMPLE_RATE, SECONDS_PER_POSITION, log_mel, pad_or_trim
-from avatar.asr.greedy import DecodeOptions, WhisperRuntime, greedy_decode
+from avatar.asr.greedy import DecodeOptions, WhisperRuntime, greedy_decode, speech_token_limit
 from avatar.asr.vocab import WhisperVocab
 from avatar.errors import RequestError
 
@@ -168,7 +168,8 @@ def transcribe(
             ]
         )
         keys = [(s.language, s.prefix if s.seek == 0 else []) for s in active]
-        results = _decode_rows(runtime, vocab, mel, keys, options.decode)
+        limits = [speech_token_limit(options.decode, n * FRAME_SECONDS) for n in sizes]
+        results = _decode_rows(runtime, vocab, mel, keys, options.decode, limits=limits)
         for state, size, result in zip(active, sizes, results, strict=True):
             if state.language is None:
                 state.language, state.language_probability = (
@@ -203,9 +204,11 @@ def transcribe(
     ]
 
 
-def _decode_rows(runtime, vocab, mel, keys: list[tuple[str | None, list[int]]], options):
+def _decode_rows(
+    runtime, vocab, mel, keys: list[tuple[str | None, list[int]]], options, *, limits: list[int]
+):
     """Rows go in one lockstep batch when they agree on the language (a known one, or
-    detected) and on their prefix's length."""
+    detected) and on their prefix's length. limits: each row's most tokens."""
     groups: dict[tuple[str | None, int], list[int]] = {}
     for i, (language, prefix) in enumerate(keys):
         groups.setdefault((language, len(prefix)), []).append(i)
@@ -218,6 +221,7 @@ def _decode_rows(runtime, vocab, mel, keys: list[tuple[str | None, list[int]]], 
             vocab,
             dataclasses.replace(options, language=language),
             [keys[i][1] for i in rows],
+            max_tokens=[limits[i] for i in rows],
         )
         for i, r in zip(rows, decoded, strict=True):
             results[i] = r

@@ -5,7 +5,7 @@
 "use strict";
 const $ = (id) => document.getElementById(id);
 const stats = (window.liveStats = {
-  ready: false, transcripts: [], sentences: 0, audioChunks: 0, framesChunks: 0,
+  ready: false, transcripts: [], partials: [], sentences: 0, audioChunks: 0, framesChunks: 0,
   framesDrawn: 0, turnEnds: [], interrupts: 0, errors: [], firstAudioMs: [],
   face: "cartoon", portraitReady: false, portraitError: null, portraitFramesDrawn: 0,
 });
@@ -20,7 +20,18 @@ function log(text, cls = "info") {
   line.textContent = text;
   $("log").appendChild(line);
   $("log").scrollTop = $("log").scrollHeight;
+  return line;
 }
+
+// Live captions: one line, rewritten by each partial transcript, until the turn's own
+// transcript replaces it (or the utterance is dropped as too short).
+let hearing = null;
+function showHearing(text) {
+  if (hearing === null) hearing = log("", "hearing");
+  hearing.textContent = "you (hearing): " + text + " …";
+  $("log").scrollTop = $("log").scrollHeight;
+}
+function endHearing() { if (hearing !== null) hearing.remove(); hearing = null; }
 
 function send(obj) { if (ws && ws.readyState === 1) ws.send(JSON.stringify(obj)); }
 
@@ -179,12 +190,13 @@ function onMessage(event) {
       sendControls();
       break;
     case "speech_start": $("status").textContent = "hearing you"; break;
-    case "speech_end": turn.endedSpeechAt = performance.now(); $("status").textContent = "thinking"; break;
+    case "speech_end": if (!m.utterance_s) endHearing(); turn.endedSpeechAt = performance.now(); $("status").textContent = "thinking"; break;
     case "turn_start":
       stopPlayback();
       turn = { number: m.turn, clock: null, frames: [], sources: [], endedSpeechAt: m.input === "audio" ? turn.endedSpeechAt : performance.now() };
       break;
-    case "transcript": stats.transcripts.push(m.text); log("you: " + m.text, "user"); break;
+    case "partial_transcript": stats.partials.push(m.text); showHearing(m.text); break;
+    case "transcript": endHearing(); stats.transcripts.push(m.text); log("you: " + m.text, "user"); break;
     case "sentence": stats.sentences += 1; log(`avatar (${m.emotion}): ${m.text}`, "avatar"); $("status").textContent = "speaking"; break;
     case "interrupt": stats.interrupts += 1; stopPlayback(); log(`(interrupted: ${m.reason})`); break;
     case "turn_end":

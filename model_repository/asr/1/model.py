@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
@@ -105,7 +106,11 @@ class TritonPythonModel:
         self.stage_max_batch = params.int("stage_max_batch", 8)
         step = params.int("window_step", 0)
         self.window_margin = params.int("window_margin", 0)
-        self.decode = DecodeOptions(max_new_tokens=params.int("max_new_tokens", 224))
+        rate = params.float("max_tokens_per_second", 10.0)
+        self.decode = DecodeOptions(
+            max_new_tokens=params.int("max_new_tokens", 224),
+            max_tokens_per_second=rate if rate > 0 else None,
+        )
         self.window_step = step or None
         self.segmentation = params.str("segmentation", "windows")
         if self.segmentation not in SEGMENTATION:
@@ -146,7 +151,7 @@ class TritonPythonModel:
 
     def _options(self, language: str | None) -> AsrOptions:
         return AsrOptions(
-            decode=DecodeOptions(language=language, max_new_tokens=self.decode.max_new_tokens),
+            decode=dataclasses.replace(self.decode, language=language),
             max_seconds=self.max_seconds,
             window_step=self.window_step,
             window_margin=self.window_margin,

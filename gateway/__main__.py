@@ -42,6 +42,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--no-partials", action="store_true", help="no transcription while the user speaks"
     )
+    parser.add_argument(
+        "--detect-language-s",
+        type=float,
+        default=2.0,
+        help="until a session's language is known, its passes while speaking wait for this "
+        "much speech (Whisper guesses the language of one second badly)",
+    )
     parser.add_argument("--model", default="avatar", help="the turn model (decoupled)")
     parser.add_argument("--asr-model", default="asr", help="the speculative transcripts' model")
     parser.add_argument(
@@ -68,6 +75,7 @@ def main(argv: list[str] | None = None) -> None:
         speculate_after_s=None if args.no_speculate else args.speculate_after_s,
         speculate_turn=args.speculate_turn and not args.no_speculate,
         partial_every_s=None if args.no_partials or args.no_speculate else args.partial_every_s,
+        detect_language_s=args.detect_language_s,
         model=args.model,
         asr_model=args.asr_model,
         portrait=args.portrait,

@@ -33,10 +33,6 @@ log = logging.getLogger(__name__)
 AVATAR_OUTPUTS = tuple(n for n in OUTPUTS if n != "video")  # the page draws the face
 MAX_TEXT_CHARS = 2000
 END_SILENCE_RANGE = (0.2, 2.0)  # seconds of silence that end an utterance (a control)
-# Passes while the user speaks take the language of the session's last utterance; before
-# one is known they wait for this much speech: Whisper heard the first second of "What time
-# does the museum open on Sunday?" as Urdu, and looped on it to its token limit.
-DETECT_LANGUAGE_S = 2.0
 
 
 @dataclasses.dataclass
@@ -67,6 +63,10 @@ class SessionOptions:
     # on the human recordings and the packaged voice; every 0.5 s raised it.
     partial_every_s: float | None = 1.0
     partial_limit: int = 1
+    # The passes take the language of the session's last utterance; before one is known
+    # they wait for this much speech: Whisper heard the first second of "What time does the
+    # museum open on Sunday?" as Urdu ("وطن دستم مممم...", to its token limit).
+    detect_language_s: float = 2.0
 
 
 @dataclasses.dataclass
@@ -312,7 +312,7 @@ class LiveSession:
         chunks = len(self.endpointer.chunks)
         if not self.partials.due(chunks) or _Partials.in_flight >= self.options.partial_limit:
             return
-        if self.language is None and chunks * CHUNK_S < DETECT_LANGUAGE_S:
+        if self.language is None and chunks * CHUNK_S < self.options.detect_language_s:
             return  # too little to tell the language by
         audio = np.concatenate(self.endpointer.chunks)
         self.partials.start(chunks, asyncio.create_task(self._heard(audio, self.partials.prefix)))

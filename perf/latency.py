@@ -27,7 +27,9 @@ with the FP32 graphs of `llm_decoder`, `tts_vits` and `emotion_encoder`: `avatar
 LLM and TTS networks instead of 1), the copies materialised beside the other models; and
 `spec_turn` (today's models, the gateway also starting the reply at the first pause, held
 until the end of speech is confirmed: `--speculate-turn`); `no_partials` (today's, without
-the ASR passes while the user speaks: `--no-partials`). Results:
+the ASR passes while the user speaks: `--no-partials`); `early_passes` (today's, but a
+new session's first pass after 1 s of speech rather than 2, before its language is known:
+`--detect-language-s 0`). Results:
 build/perf/latency/ (CSV, JSON, markdown, PNG); the table's ratios are of each setting to
 `today`.
 """
@@ -52,7 +54,15 @@ from perf.report import DEFAULT_OUT, plot_bars, write_rows
 
 log = logging.getLogger(__name__)
 OUT = DEFAULT_OUT / "latency"
-SETTINGS = ("today", "release", "fp32", "threads2", "spec_turn", "no_partials")
+SETTINGS = (
+    "today",
+    "release",
+    "fp32",
+    "threads2",
+    "spec_turn",
+    "no_partials",
+    "early_passes",
+)
 # Which parameter of a BLS model names which model it calls (their config.pbtxt files).
 CALLEES: dict[str, dict[str, str]] = {
     "asr": {"encoder_model": "asr_encoder", "decoder_model": "asr_decoder"},
@@ -260,6 +270,8 @@ def _gateway_options(setting: str, end_silence_s: float) -> list[str]:
         options += ["--speculate-turn"]
     elif setting == "no_partials":  # today's, without the ASR passes while the user speaks
         options += ["--no-partials"]
+    elif setting == "early_passes":  # the first pass after 1 s even before the language is known
+        options += ["--detect-language-s", "0"]
     elif setting != "today":
         options += ["--model", f"avatar_{setting}"]
     if "asr" in COPIES.get(setting, {}):

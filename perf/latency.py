@@ -29,7 +29,10 @@ LLM and TTS networks instead of 1), the copies materialised beside the other mod
 until the end of speech is confirmed: `--speculate-turn`); `no_partials` (today's, without
 the ASR passes while the user speaks: `--no-partials`); `early_passes` (today's, but a
 new session's first pass after 1 s of speech rather than 2, before its language is known:
-`--detect-language-s 0`). Results:
+`--detect-language-s 0`); `clause2` (today's, the first piece for TTS at a clause break
+after 2 words instead of 4). `stall` is not a time from the end of speech: the milliseconds a
+player that starts with the first audio waits, in all, for later audio that is late.
+Results:
 build/perf/latency/ (CSV, JSON, markdown, PNG); the table's ratios are of each setting to
 `today`.
 """
@@ -62,6 +65,7 @@ SETTINGS = (
     "spec_turn",
     "no_partials",
     "early_passes",
+    "clause2",
 )
 # Which parameter of a BLS model names which model it calls (their config.pbtxt files).
 CALLEES: dict[str, dict[str, str]] = {
@@ -100,6 +104,8 @@ COPIES: dict[str, dict[str, dict[str, str]]] = {
         "fp32",
         {m: {"onnx_file": "model.onnx"} for m in ("llm_decoder", "tts_vits", "emotion_encoder")},
     ),
+    # the first piece for TTS at a clause break after 2 words instead of 4
+    "clause2": chain("clause2", {"llm": {"first_clause_words": "2"}}),
     # ONNX Runtime intra-op threads 2 (the defaults use 1) where a turn waits
     "threads2": chain(
         "threads2",
@@ -117,6 +123,7 @@ MILESTONES = (
     "first_sentence",
     "first_audio",
     "first_frame",
+    "stall",
 )
 LEAD_S = 0.3  # silence before each question
 
@@ -136,6 +143,7 @@ class TurnRow:
     first_sentence: float | None = None
     first_audio: float | None = None
     first_frame: float | None = None
+    stall: float | None = None  # ms the reply's playback waited for audio not yet there
     error: str = ""
 
 
@@ -231,6 +239,19 @@ def spoken_turn(ws_url: str, row: TurnRow, audio: np.ndarray, seed: int) -> None
         row.first_sentence = round(row.transcript_ms + piece, 1)
     row.first_audio = after("first_audio_turn1")
     row.first_frame = after("first_frames_turn1")
+    row.stall = round(playback_stall(reply.audio, reply.audio_arrived) * 1000, 1)
+
+
+def playback_stall(chunks: list, arrived: list[float]) -> float:
+    """Seconds a player that starts at the first chunk's arrival and plays each chunk at its
+    `start_s` on the turn clock waits for chunks that arrive late (it pauses until they do)."""
+    if not chunks:
+        return 0.0
+    t0, waited = min(arrived), 0.0
+    for chunk, at in sorted(zip(chunks, arrived, strict=True), key=lambda c: c[0].start_s):
+        due = t0 + waited + chunk.start_s
+        waited += max(0.0, at - due)
+    return waited
 
 
 def run_level(

@@ -121,7 +121,7 @@ def test_latency_smoke(triton_server: EmbeddedServer, tmp_path: Path, capsys) ->
     _png(tmp_path / "latency.png")
 
 
-@pytest.mark.parametrize("setting", ["release", "fp32", "threads2"])
+@pytest.mark.parametrize("setting", ["release", "fp32", "threads2", "clause2"])
 def test_setting_copies_carry_their_settings(
     embedded_repository: Path, tmp_path: Path, setting: str
 ) -> None:
@@ -158,3 +158,18 @@ def test_endpointing_counts_questions_cut_at_a_pause() -> None:
     assert early == 1 and delay == pytest.approx(6 * CHUNK_S)  # round(0.2 / 0.032) chunks
     early, delay = endpoints(probs, end_silence_s=0.5)
     assert early == 0 and delay == pytest.approx(16 * CHUNK_S)
+
+
+def test_playback_stall_counts_the_waits_for_late_audio() -> None:
+    from gateway.protocol import Audio
+    from perf.latency import playback_stall
+
+    def chunk(start_s: float) -> Audio:
+        return Audio(sentence=0, turn=1, start_s=start_s, sample_rate=22050, pcm=np.zeros(1))
+
+    # 2-s pieces at 0, 2 and 4 s on the turn clock; the second arrives 0.5 s after it was due,
+    # so the third is due 0.5 s later too, and arrives in time
+    chunks = [chunk(0.0), chunk(2.0), chunk(4.0)]
+    assert playback_stall(chunks, [10.0, 12.5, 14.2]) == pytest.approx(0.5)
+    assert playback_stall(chunks, [10.0, 10.1, 13.9]) == 0.0
+    assert playback_stall([], []) == 0.0

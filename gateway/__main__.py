@@ -43,6 +43,12 @@ def main(argv: list[str] | None = None) -> None:
         "--no-partials", action="store_true", help="no transcription while the user speaks"
     )
     parser.add_argument(
+        "--passes-alongside",
+        action="store_true",
+        help="let the passes while speaking run alongside a pass at a pause (by default that "
+        "pass cancels them and none starts until it is done)",
+    )
+    parser.add_argument(
         "--detect-language-s",
         type=float,
         default=2.0,
@@ -76,6 +82,7 @@ def main(argv: list[str] | None = None) -> None:
         speculate_turn=args.speculate_turn and not args.no_speculate,
         partial_every_s=None if args.no_partials or args.no_speculate else args.partial_every_s,
         detect_language_s=args.detect_language_s,
+        pause_first=not args.passes_alongside,
         model=args.model,
         asr_model=args.asr_model,
         portrait=args.portrait,

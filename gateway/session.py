@@ -67,6 +67,11 @@ class SessionOptions:
     # they wait for this much speech: Whisper heard the first second of "What time does the
     # museum open on Sunday?" as Urdu ("وطن دستم مممم...", to its token limit).
     detect_language_s: float = 2.0
+    # The pass at a pause decides when the reply can start; the passes while speaking only
+    # show captions. So while a pass at a pause runs in this gateway, no pass while speaking
+    # starts, and those running (any session's) are cancelled: the `asr` model drops a
+    # cancelled request's row at its next decoder step. False: they run alongside.
+    pause_first: bool = True
 
 
 @dataclasses.dataclass
@@ -98,6 +103,7 @@ class _Partials:
     """The passes over an utterance while it is spoken, and what they agree on."""
 
     in_flight = 0  # passes running in this gateway (all sessions: one event loop)
+    running: set[asyncio.Task] = set()  # noqa: RUF012 - the gateway's, shared on purpose
 
     def __init__(self, every_s: float | None):
         self.every = None if every_s is None else max(1, round(every_s / CHUNK_S))
@@ -121,10 +127,20 @@ class _Partials:
     def start(self, chunks: int, task: asyncio.Task) -> None:
         self.task, self.last_chunks = task, chunks
         _Partials.in_flight += 1
+        _Partials.running.add(task)
         task.add_done_callback(lambda done: self._finished(done, task))
+
+    @staticmethod
+    def cancel_all() -> int:
+        """Cancel every pass while speaking in this gateway; how many were running."""
+        running = [t for t in _Partials.running if not t.done()]
+        for task in running:
+            task.cancel()
+        return len(running)
 
     def _finished(self, done: asyncio.Task, task: asyncio.Task) -> None:
         _Partials.in_flight -= 1
+        _Partials.running.discard(task)
         if task is not self.task or done.cancelled() or done.exception() is not None:
             return  # an earlier utterance's pass, or a failed one: nothing learnt
         _, tokens = done.result()
@@ -135,6 +151,8 @@ class _Partials:
 
 class LiveSession:
     """The protocol's server side for one WebSocket (docs/protocol.md)."""
+
+    pauses_in_flight = 0  # passes at a pause running in this gateway (all sessions)
 
     def __init__(
         self,
@@ -312,6 +330,8 @@ class LiveSession:
         chunks = len(self.endpointer.chunks)
         if not self.partials.due(chunks) or _Partials.in_flight >= self.options.partial_limit:
             return
+        if self.options.pause_first and LiveSession.pauses_in_flight:
+            return  # a pass at a pause comes first (SessionOptions.pause_first)
         if self.language is None and chunks * CHUNK_S < self.options.detect_language_s:
             return  # too little to tell the language by
         audio = np.concatenate(self.endpointer.chunks)
@@ -337,7 +357,13 @@ class LiveSession:
 
     async def _speculative(self, audio: np.ndarray) -> _Speculation:
         prefix = self.partials.prefix
-        text, _, language = await self._transcribe(audio, prefix)
+        LiveSession.pauses_in_flight += 1
+        try:
+            if self.options.pause_first and (cancelled := _Partials.cancel_all()):
+                log.debug("pause: %d pass(es) while speaking cancelled", cancelled)
+            text, _, language = await self._transcribe(audio, prefix)
+        finally:
+            LiveSession.pauses_in_flight -= 1
         text = text.strip()
         if text:
             self.language = language  # heard over a whole utterance: the passes' language

@@ -30,7 +30,9 @@ until the end of speech is confirmed: `--speculate-turn`); `no_partials` (today'
 the ASR passes while the user speaks: `--no-partials`); `early_passes` (today's, but a
 new session's first pass after 1 s of speech rather than 2, before its language is known:
 `--detect-language-s 0`); `clause2` (today's, the first piece for TTS at a clause break
-after 2 words instead of 4). `stall` is not a time from the end of speech: the milliseconds a
+after 2 words instead of 4); `passes_alongside` (today's, but the passes while the user
+speaks run alongside a pass at a pause instead of being cancelled by it:
+`--passes-alongside`). `stall` is not a time from the end of speech: the milliseconds a
 player that starts with the first audio waits, in all, for later audio that is late.
 Results:
 build/perf/latency/ (CSV, JSON, markdown, PNG); the table's ratios are of each setting to
@@ -66,6 +68,7 @@ SETTINGS = (
     "no_partials",
     "early_passes",
     "clause2",
+    "passes_alongside",
 )
 # Which parameter of a BLS model names which model it calls (their config.pbtxt files).
 CALLEES: dict[str, dict[str, str]] = {
@@ -293,6 +296,8 @@ def _gateway_options(setting: str, end_silence_s: float) -> list[str]:
         options += ["--no-partials"]
     elif setting == "early_passes":  # the first pass after 1 s even before the language is known
         options += ["--detect-language-s", "0"]
+    elif setting == "passes_alongside":  # a pause's pass does not cancel the others
+        options += ["--passes-alongside"]
     elif setting != "today":
         options += ["--model", f"avatar_{setting}"]
     if "asr" in COPIES.get(setting, {}):

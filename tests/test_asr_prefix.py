@@ -51,3 +51,28 @@ def test_a_wrong_prefix_is_kept_and_decoding_goes_on_after_it(whisper):
     prefix = [vocab.timestamp_begin, *words.ids]
     result = transcribe(runtime, vocab, [clip.audio], SERVED, [prefix])[0]
     assert result.text.startswith("Goodbye") and len(result.text) > len("Goodbye")
+
+
+def test_a_row_whose_caller_gave_up_stops_and_the_others_are_unchanged(whisper):
+    """The `asr` model's cancellation (a live pass the gateway no longer needs): the row
+    stops at the next decoder step and frees its place; the other rows decode as alone."""
+    from export.asr.clips import clips
+
+    runtime, vocab = whisper
+    audios = [c.audio for c in clips(3)]
+    plain = transcribe(runtime, vocab, audios, SERVED)
+    asked = [0, 0, 0]
+
+    def check(row: int, after: int):
+        def cancelled() -> bool:
+            asked[row] += 1
+            return asked[row] > after
+
+        return cancelled
+
+    checks = [check(0, 10**6), check(1, 4), check(2, 0)]
+    results = transcribe(runtime, vocab, audios, SERVED, cancelled=checks)
+    assert not results[0].cancelled and results[0].tokens == plain[0].tokens
+    assert results[1].cancelled and len(results[1].tokens) < len(plain[1].tokens)
+    assert results[2].cancelled and results[2].tokens == [] and results[2].text == ""
+    assert asked[1] == 5  # asked before each step: it stopped at the first True

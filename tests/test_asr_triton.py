@@ -4,6 +4,7 @@ concurrent requests are answered, bad requests get clear per-request errors."""
 from __future__ import annotations
 
 import concurrent.futures
+import time
 
 import numpy as np
 import pytest
@@ -231,3 +232,48 @@ def test_asr_decoder_bad_steps_are_clear_errors(grpc_url):
     assert error and "token ids must be in [0, 51865)" in error
     logits, error = _decoder_step(grpc_url, 8103, [50259], end=True)  # it survived
     assert error is None and np.isfinite(logits).all()
+
+
+def test_a_cancelled_transcription_stops_decoding(grpc_url):
+    """A client that cancels an `asr` request (the gateway's passes while the user speaks,
+    once a pause's pass starts) gets CANCELLED, the model stops stepping `asr_decoder` for
+    it within a step or two, and goes on serving."""
+    import tritonclient.grpc as grpcclient
+    from grpc_calls import execution_counts
+    from test_cancel import settle
+
+    from export.asr.report import long_clip
+
+    audio = long_clip(clips()[:6]).audio[None]  # ~16 s: ~100 decoder steps
+    client = grpcclient.InferenceServerClient(grpc_url)
+    inputs = [grpcclient.InferInput("audio", list(audio.shape), "FP32")]
+    inputs[0].set_data_from_numpy(audio)
+    outputs = [grpcclient.InferRequestedOutput("text")]
+
+    def steps_of(cancel: bool) -> tuple[int, object]:
+        before, _ = settle(grpc_url, ["asr_decoder"], quiet_s=1.0)
+        done: list = []
+        call = client.async_infer(
+            "asr", inputs, lambda result, error: done.append((result, error)), outputs=outputs
+        )
+        if cancel:  # once the decoder has taken a few steps
+            deadline = time.monotonic() + 60
+            while execution_counts(grpc_url, ["asr_decoder"])["asr_decoder"] < (
+                before["asr_decoder"] + 5
+            ):
+                assert time.monotonic() < deadline and not done
+                time.sleep(0.01)
+            call.cancel()
+        deadline = time.monotonic() + 120
+        while not done and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert done, "no answer in 120 s"
+        after, _ = settle(grpc_url, ["asr_decoder"], quiet_s=1.0)
+        return after["asr_decoder"] - before["asr_decoder"], done[0]
+
+    full, (result, error) = steps_of(cancel=False)
+    assert error is None and len(result.as_numpy("text")[0, 0].decode().split()) > 30
+    stopped, (result, error) = steps_of(cancel=True)
+    assert result is None and "CANCELLED" in str(error).upper()
+    assert stopped < full / 3, (stopped, full)
+    assert _infer(grpc_url, clips(1)[0].audio)["text"][0, 0].decode().strip()  # still serving

@@ -12,7 +12,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -90,6 +90,7 @@ class WindowResult:
     language_probability: float
     no_speech_prob: float
     avg_logprob: float
+    cancelled: bool = False  # the caller gave up on it: decoding stopped, tokens partial
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
@@ -104,6 +105,7 @@ def greedy_decode(
     prefixes: Sequence[Sequence[int]] | None = None,
     *,
     max_tokens: Sequence[int] | None = None,
+    cancelled: Sequence[Callable[[], bool]] | None = None,
 ) -> list[WindowResult]:
     """Decode a batch of windows. mel: [batch, n_mels, frames] float32.
 
@@ -111,10 +113,20 @@ def greedy_decode(
     over the speech so far agreed on, `avatar.asr.agreement`), all of one length: they go
     in with the prompt, in one decoder step, and decoding goes on after them.
     max_tokens: per row, the most tokens (prefix included) its transcript may have; a row
-    that reaches it ends there (`speech_token_limit`). None: options.max_new_tokens."""
+    that reaches it ends there (`speech_token_limit`). None: options.max_new_tokens.
+    cancelled: per row, asked before each decoder step; a row whose caller gave up (True)
+    stops there and comes back with `cancelled` set, the other rows go on."""
     decoding = runtime.decoding(runtime.encode(mel))
     try:
-        return _decode(decoding, mel.shape, vocab, options, prefixes, max_tokens=max_tokens)
+        return _decode(
+            decoding,
+            mel.shape,
+            vocab,
+            options,
+            prefixes,
+            max_tokens=max_tokens,
+            cancelled=cancelled,
+        )
     finally:
         decoding.close()
 
@@ -134,6 +146,7 @@ def _decode(
     prefixes: Sequence[Sequence[int]] | None = None,
     *,
     max_tokens: Sequence[int] | None = None,
+    cancelled: Sequence[Callable[[], bool]] | None = None,
 ) -> list[WindowResult]:
     batch = mel_shape[0]
     forced = [list(p) for p in prefixes] if prefixes is not None else [[] for _ in range(batch)]
@@ -142,7 +155,19 @@ def _decode(
     limits = [options.max_new_tokens] * batch if max_tokens is None else list(max_tokens)
     if len(limits) != batch:
         raise ValueError(f"one token limit per row: {len(limits)} for {batch} rows")
+    if cancelled is not None and len(cancelled) != batch:
+        raise ValueError(f"one cancellation check per row: {len(cancelled)} for {batch} rows")
     done = np.zeros(batch, bool)
+    dropped = np.zeros(batch, bool)
+
+    def give_up() -> bool:
+        """Rows whose caller gave up end here; True when no row is left."""
+        if cancelled is not None:
+            for k in np.flatnonzero(~done):
+                if cancelled[k]():
+                    done[k] = dropped[k] = True
+        return bool(done.all())
+
     logits = decoding.step(np.full((batch, 1), vocab.sot, np.int64), done)
     no_speech = _softmax(logits)[:, vocab.no_speech]
     lang_ids = np.array(sorted(vocab.languages.values()))
@@ -158,12 +183,15 @@ def _decode(
         [int(lang), task] + ([] if options.timestamps else [vocab.no_timestamps]) + prefix
         for lang, prefix in zip(chosen, forced, strict=True)
     ]
-    logits = decoding.step(np.array(prompt, np.int64), done)
+    if not give_up():
+        logits = decoding.step(np.array(prompt, np.int64), done)
 
     n_forced = len(forced[0])
     sampled: list[list[int]] = forced  # the prefix counts as sampled for the rules
     sum_logprob = np.zeros(batch)
     for step in range(options.max_new_tokens - n_forced):
+        if done.all():
+            break
         masked = apply_rules(
             logits,
             sampled,
@@ -184,7 +212,7 @@ def _decode(
             else:
                 sampled[k].append(int(next_tokens[k]))
                 done[k] = len(sampled[k]) >= limits[k]  # a loop, cut (DecodeOptions)
-        if done.all():
+        if give_up():
             break
         feed = np.where(done, vocab.eot, next_tokens).astype(np.int64)[:, None]
         logits = decoding.step(feed, done)  # finished rows: ignored
@@ -195,6 +223,7 @@ def _decode(
             language_probability=float(lang_prob[k]),
             no_speech_prob=float(no_speech[k]),
             avg_logprob=float(sum_logprob[k] / (len(sampled[k]) - n_forced + 1)),
+            cancelled=bool(dropped[k]),
         )
         for k in range(batch)
     ]

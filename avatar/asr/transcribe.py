@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -53,6 +53,7 @@ class Transcript:
     segments: list[Segment]
     duration: float  # seconds of audio
     tokens: list[int] = dataclasses.field(default_factory=list)  # text and timestamps, all windows
+    cancelled: bool = False  # the caller gave up on it; decoding stopped, the text is partial
 
 
 def check_audio(
@@ -103,6 +104,8 @@ class _State:
     language_probability: float = 1.0
     segments: list[Segment] = dataclasses.field(default_factory=list)
     tokens: list[int] = dataclasses.field(default_factory=list)
+    cancelled: Callable[[], bool] = lambda: False
+    dropped: bool = False  # cancelled: no more windows
 
 
 def split_segments(
@@ -144,21 +147,26 @@ def transcribe(
     audios: Sequence[np.ndarray],
     options: AsrOptions = AsrOptions(),
     prefixes: Sequence[Sequence[int]] | None = None,
+    *,
+    cancelled: Sequence[Callable[[], bool]] | None = None,
 ) -> list[Transcript]:
     """Transcribe checked 16-kHz audios ([samples] float32 each), decoding them in lockstep.
 
     prefixes: per audio, tokens its transcript begins with (checked, whole words:
     avatar.asr.agreement), forced at the start of its first window; rows with prefixes of
-    different lengths decode in separate lockstep batches."""
+    different lengths decode in separate lockstep batches.
+    cancelled: per audio, asked before each window and decoder step; an audio whose caller
+    gave up stops there (its Transcript has `cancelled` set) and frees its row of the batch."""
     states = []
     for i, audio in enumerate(audios):
         mel = log_mel(audio)
         silent = float(np.abs(audio).max()) < options.silence_peak
         prefix = [] if prefixes is None or silent else list(prefixes[i])
-        states.append(
-            _State(mel, 0 if silent else mel.shape[1] - 1, options.decode.language, prefix)
-        )
-    while active := [s for s in states if s.seek < s.content_frames]:
+        state = _State(mel, 0 if silent else mel.shape[1] - 1, options.decode.language, prefix)
+        if cancelled is not None:
+            state.cancelled = cancelled[i]
+        states.append(state)
+    while active := [s for s in states if s.seek < s.content_frames and not _gave_up(s)]:
         sizes = [min(N_FRAMES, s.content_frames - s.seek) for s in active]
         frames = max(window_frames(n, options.window_step, options.window_margin) for n in sizes)
         mel = np.stack(
@@ -169,8 +177,14 @@ def transcribe(
         )
         keys = [(s.language, s.prefix if s.seek == 0 else []) for s in active]
         limits = [speech_token_limit(options.decode, n * FRAME_SECONDS) for n in sizes]
-        results = _decode_rows(runtime, vocab, mel, keys, options.decode, limits=limits)
+        checks = [s.cancelled for s in active]
+        results = _decode_rows(
+            runtime, vocab, mel, keys, options.decode, limits=limits, cancelled=checks
+        )
         for state, size, result in zip(active, sizes, results, strict=True):
+            if result.cancelled:
+                state.dropped = True
+                continue
             if state.language is None:
                 state.language, state.language_probability = (
                     result.language,
@@ -199,16 +213,30 @@ def transcribe(
             segments=s.segments,
             duration=(s.mel.shape[1] - 1) * FRAME_SECONDS,
             tokens=s.tokens,
+            cancelled=s.dropped,
         )
         for s in states
     ]
 
 
+def _gave_up(state: _State) -> bool:
+    state.dropped = state.dropped or state.cancelled()
+    return state.dropped
+
+
 def _decode_rows(
-    runtime, vocab, mel, keys: list[tuple[str | None, list[int]]], options, *, limits: list[int]
+    runtime,
+    vocab,
+    mel,
+    keys: list[tuple[str | None, list[int]]],
+    options,
+    *,
+    limits: list[int],
+    cancelled: list[Callable[[], bool]],
 ):
     """Rows go in one lockstep batch when they agree on the language (a known one, or
-    detected) and on their prefix's length. limits: each row's most tokens."""
+    detected) and on their prefix's length. limits: each row's most tokens; cancelled:
+    each row's check."""
     groups: dict[tuple[str | None, int], list[int]] = {}
     for i, (language, prefix) in enumerate(keys):
         groups.setdefault((language, len(prefix)), []).append(i)
@@ -222,6 +250,7 @@ def _decode_rows(
             dataclasses.replace(options, language=language),
             [keys[i][1] for i in rows],
             max_tokens=[limits[i] for i in rows],
+            cancelled=[cancelled[i] for i in rows],
         )
         for i, r in zip(rows, decoded, strict=True):
             results[i] = r

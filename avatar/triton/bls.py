@@ -180,6 +180,32 @@ def is_cancelled(request: pb_utils.InferenceRequest) -> bool:
     return bool(RETIRED.round_trip(lambda: bool(request.is_cancelled())))
 
 
+def cancellation_check(
+    request: pb_utils.InferenceRequest, every_s: float = 0.02
+) -> Callable[[], bool]:
+    """A check of `is_cancelled` for a loop between its steps: it asks the server at most
+    once per `every_s` (each ask is a round trip) and stays True once it has been."""
+    asked = {"at": -every_s, "cancelled": False}
+
+    def check() -> bool:
+        now = time.monotonic()
+        if not asked["cancelled"] and now - asked["at"] >= every_s:
+            asked["at"], asked["cancelled"] = now, is_cancelled(request)
+        return asked["cancelled"]
+
+    return check
+
+
+def cancelled_response(what: str) -> pb_utils.InferenceResponse:
+    """The answer to a request its client cancelled (gRPC status CANCELLED)."""
+    message = f"{what} cancelled by the client"
+    code = getattr(pb_utils.TritonError, "CANCELLED", None)
+    error = (
+        pb_utils.TritonError(message, code) if code is not None else pb_utils.TritonError(message)
+    )
+    return pb_utils.InferenceResponse(error=error)
+
+
 def response(
     tensors: Mapping[str, np.ndarray], requested: Collection[str] = ()
 ) -> pb_utils.InferenceResponse:

@@ -19,7 +19,15 @@ from avatar.asr.sequences import SequenceWindows, WindowStep
 from avatar.asr.transcribe import AsrOptions, Transcript, check_audio, transcribe
 from avatar.asr.vocab import WhisperVocab
 from avatar.errors import RequestError
-from avatar.triton.bls import error_response, infer, input_array, input_text, sequence_flags
+from avatar.triton.bls import (
+    cancellation_check,
+    cancelled_response,
+    error_response,
+    infer,
+    input_array,
+    input_text,
+    sequence_flags,
+)
 from avatar.triton.diagnostics import enable_crash_reports
 from avatar.triton.params import ModelParameters
 from avatar.vad import OUTPUTS, speech_probabilities, speech_segments
@@ -205,6 +213,10 @@ class TritonPythonModel:
                         [parsed[i][0] for i in rows],
                         options,
                         [parsed[i][3] for i in rows],
+                        # a live caller drops passes it no longer needs (the gateway's
+                        # passes while the user speaks, once the pause's pass starts):
+                        # their rows stop decoding at the next step
+                        cancelled=[cancellation_check(requests[i]) for i in rows],
                     ),
                     strict=True,
                 ):
@@ -220,6 +232,8 @@ class TritonPythonModel:
     def _response(result: Transcript | Exception):
         if isinstance(result, Exception):
             return error_response(result)
+        if result.cancelled:
+            return cancelled_response("transcription")
         times = np.array([[s.start, s.end] for s in result.segments], np.float32).reshape(1, -1, 2)
         texts = np.array([[s.text.strip().encode() for s in result.segments]], dtype=np.object_)
         texts = texts.reshape(1, len(result.segments))

@@ -7,6 +7,10 @@ The reply text is the same in every setting (fixed seed per question); only wher
 first piece ends differs. Per setting: ms from submit to the first piece, ms to synthesise
 it, their sum (the first audio, without ASR and transport), and the words of the piece;
 median and p95. Written to build/perf/first_piece/first_piece.{json,md}.
+
+`--served`: the same questions and seeds also as text turns of the `avatar` model on an
+embedded server (today's repository), alternated with the in-process path per question:
+what serving adds to the first piece and the first audio (build/perf/first_piece/served.*).
 """
 
 from __future__ import annotations
@@ -37,7 +41,8 @@ QUESTIONS = (
 )
 
 
-def run(settings=SETTINGS, rounds: int = 2, max_tokens: int = 64) -> dict:
+def _in_process(settings, max_tokens: int):
+    """(engines per first_clause_words, the synthesizer, the voice), warm."""
     from avatar.llm.decoder import OrtDecoder
     from avatar.llm.engine import ChatEngine, EngineConfig
     from avatar.llm.sampling import SamplingParams
@@ -67,35 +72,91 @@ def run(settings=SETTINGS, rounds: int = 2, max_tokens: int = 64) -> dict:
     for engine in engines.values():  # warm: the persona's prefix cache, ORT sessions
         list(engine.chat(json.dumps([{"role": "user", "content": "Hi"}])))
     list(synth.stream("Hello there.", Controls.defaults(voice.config, seed=0)))
+    return engines, synth, voice
 
+
+def _first_audio(engine, synth, voice, q: int) -> dict:
+    """The first piece of question q's reply (seed q) and its synthesis, in-process."""
+    from avatar.tts.synth import Controls
+
+    sampling = json.dumps({"temperature": 0.7, "top_p": 0.9, "seed": q})
+    messages = json.dumps([{"role": "user", "content": QUESTIONS[q]}])
+    started = time.perf_counter()
+    piece = None
+    for event in engine.chat(messages, "", sampling):
+        if piece is None:
+            piece = next((c.sentence for c in event.chunks if c.sentence), None)
+            llm_s = time.perf_counter() - started
+    piece = piece or ""
+    synth_started = time.perf_counter()
+    next(iter(synth.stream(piece or ".", Controls.defaults(voice.config, seed=q))), None)
+    tts_s = time.perf_counter() - synth_started
+    return {
+        "question": q,
+        "piece": piece,
+        "words": len(piece.split()),
+        "llm_ms": llm_s * 1000,
+        "tts_ms": tts_s * 1000,
+        "first_audio_ms": (llm_s + tts_s) * 1000,
+    }
+
+
+def run(settings=SETTINGS, rounds: int = 2, max_tokens: int = 64) -> dict:
+    engines, synth, voice = _in_process(settings, max_tokens)
     rows: dict[int, list[dict]] = {n: [] for n in settings}
     for round_ in range(rounds):
-        for q, question in enumerate(QUESTIONS):
+        for q in range(len(QUESTIONS)):
             order = settings if (q + round_) % 2 == 0 else tuple(reversed(settings))
-            sampling = json.dumps({"temperature": 0.7, "top_p": 0.9, "seed": q})
-            messages = json.dumps([{"role": "user", "content": question}])
             for n in order:
-                started = time.perf_counter()
-                piece = None
-                for event in engines[n].chat(messages, "", sampling):
-                    if piece is None:
-                        piece = next((c.sentence for c in event.chunks if c.sentence), None)
-                        llm_s = time.perf_counter() - started
-                piece = piece or ""
-                synth_started = time.perf_counter()
-                controls = Controls.defaults(voice.config, seed=q)
-                next(iter(synth.stream(piece or ".", controls)), None)
-                tts_s = time.perf_counter() - synth_started
-                rows[n].append(
-                    {
-                        "question": q,
-                        "piece": piece,
-                        "words": len(piece.split()),
-                        "llm_ms": llm_s * 1000,
-                        "tts_ms": tts_s * 1000,
-                        "first_audio_ms": (llm_s + tts_s) * 1000,
-                    }
-                )
+                rows[n].append(_first_audio(engines[n], synth, voice, q))
+    return {"rounds": rounds, "max_tokens": max_tokens, "questions": QUESTIONS, "rows": rows}
+
+
+def served(rounds: int = 2, max_tokens: int = 64, url: str | None = None) -> dict:
+    """The same questions and seeds as text turns of the `avatar` model on an embedded
+    server (today's models and config) and in-process (the served first_clause_words),
+    alternated per question: what the serving adds to the first piece and the first audio.
+    `avatar`'s own milestones (`llm_first_sentence`, `first_audio` since the request).
+    url: a running server's gRPC address instead of an embedded one."""
+    import contextlib
+    import tempfile
+
+    from avatar.serving.deployment import SOURCE_REPOSITORY, build_repository
+    from avatar.serving.repository import parse_config
+    from avatar.serving.server import EmbeddedServer, ServerOptions
+    from clients.avatar_stream import stream_turn
+
+    config = parse_config(SOURCE_REPOSITORY / "llm" / "config.pbtxt")
+    words = int(config.parameters["first_clause_words"].string_value)
+    engines, synth, voice = _in_process((words,), max_tokens)
+    rows: dict[str, list[dict]] = {"served": [], "in-process": []}
+    with contextlib.ExitStack() as stack:
+        if url is None:
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="perf-piece-")))
+            build_repository(tmp / "repository", "embedded")
+            options = ServerOptions(tmp / "repository", startup_timeout_s=600)
+            url = stack.enter_context(EmbeddedServer(options)).grpc_url
+        controls = {"render": False, "max_tokens": max_tokens}
+        stream_turn(url, text="Hi", controls={**controls, "seed": 0})  # warm
+        for round_ in range(rounds):
+            for q, question in enumerate(QUESTIONS):
+                local = _first_audio(engines[words], synth, voice, q)
+                turn = stream_turn(url, text=question, controls={**controls, "seed": q})
+                since = json.loads(turn.final.get("timings") or "{}")["since_request_ms"]
+                piece = turn.sentences[0]["text"] if turn.sentences else ""
+                remote = {
+                    "question": q,
+                    "piece": piece,
+                    "words": len(piece.split()),
+                    "llm_ms": since["llm_first_sentence"],
+                    "tts_ms": since["first_audio"] - since["llm_first_sentence"],
+                    "first_audio_ms": since["first_audio"],
+                    "client_first_audio_ms": turn.first_audio_s * 1000,
+                    "same_piece": piece.strip() == local["piece"].strip(),
+                }
+                pair = [("served", remote), ("in-process", local)]
+                for name, row in pair if (q + round_) % 2 == 0 else reversed(pair):
+                    rows[name].append(row)
     return {"rounds": rounds, "max_tokens": max_tokens, "questions": QUESTIONS, "rows": rows}
 
 
@@ -122,14 +183,46 @@ def summary(results: dict) -> str:
     return "\n".join(lines)
 
 
+def served_summary(results: dict) -> str:
+    rows = results["rows"]
+    same = sum(r["same_piece"] for r in rows["served"])
+    lines = [
+        f"{same} of {len(rows['served'])} first pieces identical in both paths",
+        "",
+        "| path | first piece ms p50 / p95 | then first audio ms p50 / p95 "
+        "| first audio ms p50 / p95 | served / in-process (p50) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    base = float(np.percentile([r["first_audio_ms"] for r in rows["in-process"]], 50))
+    for name, group in rows.items():
+        cells = []
+        for key in ("llm_ms", "tts_ms", "first_audio_ms"):
+            values = [r[key] for r in group]
+            cells.append(f"{np.percentile(values, 50):.0f} / {np.percentile(values, 95):.0f}")
+        ratio = np.percentile([r["first_audio_ms"] for r in group], 50) / base
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {ratio:.2f}x |")
+    return "\n".join(lines)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--settings", type=int, nargs="*", default=list(SETTINGS))
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--served",
+        action="store_true",
+        help="the served first_clause_words only, through the avatar model of an embedded "
+        "server and in-process, side by side: what the serving adds",
+    )
+    parser.add_argument("--url", help="--served: a running server instead of an embedded one")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.set_defaults(func=command)
 
 
 def command(args: argparse.Namespace) -> int:
+    if args.served:
+        results = served(args.rounds, url=args.url)
+        save_results(args.out, "served", results, served_summary(results))
+        return 0
     results = run(tuple(args.settings), args.rounds)
     save_results(args.out, "first_piece", results, summary(results))
     return 0

@@ -173,3 +173,18 @@ def test_playback_stall_counts_the_waits_for_late_audio() -> None:
     assert playback_stall(chunks, [10.0, 12.5, 14.2]) == pytest.approx(0.5)
     assert playback_stall(chunks, [10.0, 10.1, 13.9]) == 0.0
     assert playback_stall([], []) == 0.0
+
+
+def test_first_piece_served_against_in_process(
+    triton_server: EmbeddedServer, tmp_path: Path
+) -> None:
+    """`perf first-piece --served`: each question's reply through `avatar` and in-process,
+    same seed, so the same first piece; the served one's milestones in order."""
+    args = ["first-piece", "--served", "--url", triton_server.grpc_url, "--rounds", "1"]
+    assert main([*args, "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "served.json").read_text())
+    served, local = results["rows"]["served"], results["rows"]["in-process"]
+    assert len(served) == len(local) == 8
+    assert sum(r["same_piece"] for r in served) >= 6, [r["piece"] for r in served]
+    assert all(0 < r["llm_ms"] < r["first_audio_ms"] for r in served + local)
+    assert "served / in-process" in (tmp_path / "served.md").read_text()

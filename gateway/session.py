@@ -50,9 +50,11 @@ class SessionOptions:
     # conversation (a new session id with the session's memory), and hold its messages
     # until the end of speech is confirmed; then they are sent and the conversation goes on
     # in the fork. Speech that resumes cancels it and leaves the conversation as it was.
-    # Off: on 2 CPU cores the speculative transcript itself arrives ~0.1 s after the
-    # endpoint, so the reply cannot start sooner (python -m perf latency --settings today
-    # spec_turn: first audio 1.13x / 0.97x / 0.95x at 1 / 2 / 4 sessions; docs/performance.md 7).
+    # Off: with the pause's pass first (below) it gains at the median (python -m perf
+    # latency --settings today spec_turn, two runs: first audio 0.94-0.98x at 1 session,
+    # 0.92x at 2, 0.76-0.81x at 4), but a question with a pause inside starts a reply that
+    # is then cancelled, and its work delays the real one: p95 1.17-1.18x at 1 session
+    # (docs/performance.md 15). On for many short, unhesitating questions per machine.
     speculate_turn: bool = False
     # Transcribe while the user speaks: every `partial_every_s` of speech, a pass over the
     # speech so far (at most `partial_limit` in flight in this gateway, so that they never

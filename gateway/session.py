@@ -104,7 +104,7 @@ class _Speculation:
 class _Partials:
     """The passes over an utterance while it is spoken, and what they agree on."""
 
-    in_flight = 0  # passes running in this gateway (all sessions: one event loop)
+    # passes running in this gateway (all sessions: one event loop)
     running: set[asyncio.Task] = set()  # noqa: RUF012 - the gateway's, shared on purpose
 
     def __init__(self, every_s: float | None):
@@ -128,7 +128,6 @@ class _Partials:
 
     def start(self, chunks: int, task: asyncio.Task) -> None:
         self.task, self.last_chunks = task, chunks
-        _Partials.in_flight += 1
         _Partials.running.add(task)
         task.add_done_callback(lambda done: self._finished(done, task))
 
@@ -141,7 +140,6 @@ class _Partials:
         return len(running)
 
     def _finished(self, done: asyncio.Task, task: asyncio.Task) -> None:
-        _Partials.in_flight -= 1
         _Partials.running.discard(task)
         if task is not self.task or done.cancelled() or done.exception() is not None:
             return  # an earlier utterance's pass, or a failed one: nothing learnt
@@ -330,7 +328,7 @@ class LiveSession:
         """While the user speaks: a pass over the speech so far, when one is due and the
         gateway has room for it."""
         chunks = len(self.endpointer.chunks)
-        if not self.partials.due(chunks) or _Partials.in_flight >= self.options.partial_limit:
+        if not self.partials.due(chunks) or len(_Partials.running) >= self.options.partial_limit:
             return
         if self.options.pause_first and LiveSession.pauses_in_flight:
             return  # a pass at a pause comes first (SessionOptions.pause_first)
@@ -460,7 +458,7 @@ class LiveSession:
             len(audio) / protocol.INPUT_RATE,
             len(prefix or ()),
             (time.monotonic() - started) * 1000,
-            _Partials.in_flight,
+            len(_Partials.running),
             text,
         )
         return text, [int(t) for t in result.as_numpy("tokens").reshape(-1)], detected

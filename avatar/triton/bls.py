@@ -196,14 +196,19 @@ def cancellation_check(
     return check
 
 
-def cancelled_response(what: str) -> pb_utils.InferenceResponse:
-    """The answer to a request its client cancelled (gRPC status CANCELLED)."""
-    message = f"{what} cancelled by the client"
-    code = getattr(pb_utils.TritonError, "CANCELLED", None)
+def coded_error_response(message: str, code: str) -> pb_utils.InferenceResponse:
+    """An error response with a TritonError code ("CANCELLED", "UNAVAILABLE": the client's
+    gRPC status), where this python backend has codes; a plain error where it has not."""
+    value = getattr(pb_utils.TritonError, code, None)
     error = (
-        pb_utils.TritonError(message, code) if code is not None else pb_utils.TritonError(message)
+        pb_utils.TritonError(message, value) if value is not None else pb_utils.TritonError(message)
     )
     return pb_utils.InferenceResponse(error=error)
+
+
+def cancelled_response(what: str) -> pb_utils.InferenceResponse:
+    """The answer to a request its client cancelled (gRPC status CANCELLED)."""
+    return coded_error_response(f"{what} cancelled by the client", "CANCELLED")
 
 
 def response(

@@ -255,11 +255,7 @@ class _Stream:
 def _busy(limit: int):
     """The refusal of a turn beyond the admission limit (gRPC status UNAVAILABLE)."""
     message = f"server busy: {limit} turns are running (max_active_turns); retry in a moment"
-    code = getattr(pb_utils.TritonError, "UNAVAILABLE", None)
-    error = (
-        pb_utils.TritonError(message, code) if code is not None else pb_utils.TritonError(message)
-    )
-    return pb_utils.InferenceResponse(error=error)
+    return bls.coded_error_response(message, "UNAVAILABLE")
 
 
 def _optional_text(request, name: str) -> str | None:

@@ -8,7 +8,7 @@ setup:
 artifacts: setup
 	$(PY) -m export build
 demo: artifacts
-	$(PY) -m avatar demo
+	$(VENV)/bin/avatar demo
 live: artifacts
 	$(VENV)/bin/avatar serve --web
 test: artifacts

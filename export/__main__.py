@@ -82,9 +82,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _engines(args: argparse.Namespace, log: logging.Logger) -> int:
-    from avatar.serving.deployment import SOURCE_REPOSITORY
     from export.tensorrt.build import EngineVerificationError, build_all
     from export.tensorrt.engine import TensorRTMissingError
+    from serving.deployment import SOURCE_REPOSITORY
 
     try:
         records = build_all(

@@ -39,8 +39,8 @@ def _server(stack: contextlib.ExitStack, url: str | None, tmp: Path) -> str:
     call the others through BLS and ensembles)."""
     if url is not None:
         return url
-    from avatar.serving.deployment import build_repository
-    from avatar.serving.server import EmbeddedServer, ServerOptions
+    from serving.deployment import build_repository
+    from serving.server import EmbeddedServer, ServerOptions
 
     build_repository(tmp / "repository", "embedded")
     options = ServerOptions(tmp / "repository", startup_timeout_s=600)

@@ -153,8 +153,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def command(args: argparse.Namespace) -> int:
-    from avatar.serving.deployment import build_repository
-    from avatar.serving.server import EmbeddedServer, ServerOptions
+    from serving.deployment import build_repository
+    from serving.server import EmbeddedServer, ServerOptions
 
     def run(url: str) -> list[dict]:
         urls = {"triton": url} | ({"against": args.against} if args.against else {})

@@ -125,7 +125,7 @@ def grid_points(
 
 def rewrite_config(path: Path, point: BatchPoint) -> None:
     """Set max_batch_size, the dynamic batcher's delay and the instance count in place."""
-    from avatar.serving.repository import parse_config
+    from serving.repository import parse_config
 
     config = parse_config(path)
     if config.max_batch_size <= 0:
@@ -148,9 +148,9 @@ def sweep_model(
     workdir: Path,
 ) -> list[BatchResult]:
     """Every point of one model, each on a freshly started server."""
-    from avatar.serving.deployment import build_repository
-    from avatar.serving.server import EmbeddedServer, ServerOptions
     from perf.inputs import SAMPLES
+    from serving.deployment import build_repository
+    from serving.server import EmbeddedServer, ServerOptions
 
     repo = workdir / model / "repository"
     build_repository(repo, "embedded", [model])

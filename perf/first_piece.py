@@ -121,10 +121,10 @@ def served(rounds: int = 2, max_tokens: int = 64, url: str | None = None) -> dic
     import contextlib
     import tempfile
 
-    from avatar.serving.deployment import SOURCE_REPOSITORY, build_repository
-    from avatar.serving.repository import parse_config
-    from avatar.serving.server import EmbeddedServer, ServerOptions
     from clients.avatar_stream import stream_turn
+    from serving.deployment import SOURCE_REPOSITORY, build_repository
+    from serving.repository import parse_config
+    from serving.server import EmbeddedServer, ServerOptions
 
     config = parse_config(SOURCE_REPOSITORY / "llm" / "config.pbtxt")
     words = int(config.parameters["first_clause_words"].string_value)

@@ -72,8 +72,8 @@ def served_onnx(name: str) -> Path:
     """The ONNX file the embedded server runs for `name` (`model.onnx`, or the INT8 variant
     its config names while the variant's gate passes): in-process sides of a side-by-side
     run the same graph as Triton."""
-    from avatar.serving.deployment import SOURCE_REPOSITORY
-    from avatar.serving.repository import onnx_variant, parse_config
+    from serving.deployment import SOURCE_REPOSITORY
+    from serving.repository import onnx_variant, parse_config
 
     folder = _artifact(name)
     return folder / onnx_variant(parse_config(SOURCE_REPOSITORY / name / "config.pbtxt"), folder)

@@ -154,7 +154,7 @@ def add_setting_models(repository: Path, setting: str) -> None:
     """The copies of `setting` (COPIES) beside the materialised models of `repository`."""
     from google.protobuf import text_format
 
-    from avatar.serving.repository import parse_config
+    from serving.repository import parse_config
 
     for name, values in COPIES[setting].items():
         source, target = repository / name, repository / f"{name}_{setting}"
@@ -390,8 +390,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def command(args: argparse.Namespace) -> int:
-    from avatar.serving.deployment import build_repository
-    from avatar.serving.server import EmbeddedServer, ServerOptions
+    from serving.deployment import build_repository
+    from serving.server import EmbeddedServer, ServerOptions
 
     with contextlib.ExitStack() as stack:
         url = args.url

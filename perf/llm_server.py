@@ -187,9 +187,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def command(args: argparse.Namespace) -> int:
-    from avatar.serving.deployment import build_repository
-    from avatar.serving.server import EmbeddedServer, ServerOptions
     from export.registry import ensure_all
+    from serving.deployment import build_repository
+    from serving.server import EmbeddedServer, ServerOptions
 
     folder = ensure_all(["llm_decoder"])["llm_decoder"]
     with tempfile.TemporaryDirectory() as tmp:

@@ -64,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         url, metrics_url = args.url, args.metrics_url
         if url is None:
-            from avatar.serving.deployment import build_repository
-            from avatar.serving.server import EmbeddedServer, ServerOptions
+            from serving.deployment import build_repository
+            from serving.server import EmbeddedServer, ServerOptions
 
             tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="overload-")))
             build_repository(tmp / "repository", "embedded")

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from avatar.serving.supervisor import stub_processes
+from serving.supervisor import stub_processes
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
@@ -81,7 +81,7 @@ def set_parameters(repository: Path, model: str, **values: str) -> None:
     """Write `parameters` of a materialised model's config.pbtxt (e.g. max_active_turns)."""
     from google.protobuf import text_format
 
-    from avatar.serving.repository import parse_config
+    from serving.repository import parse_config
 
     path = repository / model / "config.pbtxt"
     config = parse_config(path)
@@ -94,7 +94,7 @@ def set_queue_policy(repository: Path, model: str, max_queue_size: int, timeout_
     """Rewrite a batched model's dynamic_batching.default_queue_policy (REJECT on timeout)."""
     from google.protobuf import text_format
 
-    from avatar.serving.repository import parse_config
+    from serving.repository import parse_config
 
     path = repository / model / "config.pbtxt"
     config = parse_config(path)

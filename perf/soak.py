@@ -25,8 +25,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from avatar.serving.supervisor import stub_processes
 from perf import probe
+from serving.supervisor import stub_processes
 
 log = logging.getLogger("perf.soak")
 
@@ -113,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
 
-    from avatar.serving.deployment import build_repository
-    from avatar.serving.server import EmbeddedServer, ServerOptions
+    from serving.deployment import build_repository
+    from serving.server import EmbeddedServer, ServerOptions
 
     questions = probe.spoken_questions()
     controls = {"max_tokens": args.max_tokens, "seed": 5}

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from avatar.serving.deployment import build_repository
-from avatar.serving.server import EmbeddedServer, ServerOptions
+from serving.deployment import build_repository
+from serving.server import EmbeddedServer, ServerOptions
 
 logging.getLogger("avatar").setLevel(logging.INFO)
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from grpc_calls import call
 
-from avatar.serving.deployment import build_repository
-from avatar.serving.server import EmbeddedServer, ServerError, ServerOptions
+from serving.deployment import build_repository
+from serving.server import EmbeddedServer, ServerError, ServerOptions
 
 pytestmark = pytest.mark.server
 KEY = "s3cret-key-for-tests"

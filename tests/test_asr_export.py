@@ -86,8 +86,8 @@ def test_transformers_model_transcribes_like_faster_whisper(speech):
 
 
 def test_sidecars_and_configs_agree(artifacts):
-    from avatar.serving.repository import check_against_sidecar, parse_config
     from avatar.sidecar import Sidecar
+    from serving.repository import check_against_sidecar, parse_config
 
     for folder in artifacts:
         sidecar = Sidecar.load(folder)

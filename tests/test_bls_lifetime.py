@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 from grpc_calls import call
 
-from avatar.serving.server import EmbeddedServer, ServerOptions
 from avatar.triton.retire import Retirement
 from perf import probe
+from serving.server import EmbeddedServer, ServerOptions
 
 MODELS = Path(__file__).with_name("triton_models")
 

@@ -18,8 +18,12 @@ import pytest
 from onnx import numpy_helper
 from tritonclient.grpc import model_config_pb2 as mc
 
-from avatar.serving.deployment import SOURCE_REPOSITORY, model_names
-from avatar.serving.repository import (
+from avatar.sidecar import Sidecar, TensorSpec
+from export.common import Tolerance, onnx_session
+from export.tensorrt import build, engine, verify
+from export.tensorrt.build import STAGES, EngineVerificationError, Stage
+from serving.deployment import SOURCE_REPOSITORY, model_names
+from serving.repository import (
     ENGINE_RECORD,
     MissingArtifactError,
     embedded_config,
@@ -29,10 +33,6 @@ from avatar.serving.repository import (
     parse_config,
     platform_of,
 )
-from avatar.sidecar import Sidecar, TensorSpec
-from export.common import Tolerance, onnx_session
-from export.tensorrt import build, engine, verify
-from export.tensorrt.build import STAGES, EngineVerificationError, Stage
 
 HAS_TRTEXEC = shutil.which("trtexec") is not None
 HAS_TENSORRT_PYTHON = importlib.util.find_spec("tensorrt") is not None
@@ -487,7 +487,7 @@ def test_production_repository_without_engines_says_what_to_run(
     assert "docker compose run --rm engines" in message
     assert not (tmp_path / "prod").exists()
     # the command line says the same, without a traceback
-    from avatar.serving.cli import main
+    from serving.cli import main
 
     assert main(["materialize", "--target", "production", "--out", str(tmp_path / "cli")]) == 1
     assert "run `python -m export engines`" in caplog.text

@@ -7,7 +7,7 @@ ends with an error; the model stays READY, but every later request fails at once
 stub. Unloading and loading the model (explicit model control) starts a new stub and
 service recovers without restarting the server (a plain load of the loaded model did not
 restart the stub in our runs). `ServerOptions(heal=True)` runs
-avatar.serving.supervisor, which does that reload by itself for the ONNX runner models, restarts
+serving.supervisor, which does that reload by itself for the ONNX runner models, restarts
 the server when the stub of a BLS model died (the models it called stay blocked answering
 it), and restarts a server that exited.
 A stage failing inside an `avatar` turn does not fail the turn: the pipeline speaks the
@@ -27,10 +27,10 @@ from pathlib import Path
 import pytest
 from grpc_calls import Reply, call, strings
 
-from avatar.serving.deployment import build_repository
-from avatar.serving.server import EmbeddedServer, ServerOptions
-from avatar.serving.supervisor import Supervisor
 from perf import probe
+from serving.deployment import build_repository
+from serving.server import EmbeddedServer, ServerOptions
+from serving.supervisor import Supervisor
 
 pytestmark = pytest.mark.server
 MODELS = ["avatar", "emotion_encoder", "llm", "llm_decoder", "tts", "tts_vits"]

@@ -111,8 +111,8 @@ def test_avatar_serve_web_gives_the_gateway_the_served_portrait_rig(
 ) -> None:
     """`avatar serve --web`: the rig is the `portrait_renderer` artifact folder, resolved
     through the export registry like every served model's; not served, no rig."""
-    from avatar.serving import cli
     from export import registry
+    from serving import cli
 
     asked: list[list[str]] = []
 

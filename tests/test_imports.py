@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).parents[1]
 PACKAGES = ("avatar", "export", "training", "networks", "clients", "perf", "gateway")
 TOOLING = ("export", "training", "networks", "clients", "perf", "gateway", "torch")
-ENTRY_POINTS = ("avatar.serving", "avatar.__main__")
+ENTRY_POINTS = ("serving", "avatar.__main__")
 
 
 def _modules() -> dict[str, Path]:

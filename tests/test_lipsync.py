@@ -12,10 +12,10 @@ from avatar.animation import AnimationConfig, animate
 from avatar.animation.lipsync import animate_probs, decode_segments
 from avatar.animation.tables import VISEMES
 from avatar.errors import RequestError
-from avatar.serving.repository import check_against_sidecar, parse_config
 from avatar.sidecar import Sidecar
 from export.common import ensure, onnx_session
 from export.lipsync.recipe import OUTPUTS, LipsyncRecipe, example_audio, expected_specs, reference
+from serving.repository import check_against_sidecar, parse_config
 from training.lipsync.data import Augment, Utterance, augment, frame_targets, label_segments
 from training.lipsync.evaluate import Scores, score_clip
 

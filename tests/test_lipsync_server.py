@@ -13,11 +13,11 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from avatar.audio import reference_speech, write_wav
-from avatar.serving.server import EmbeddedServer
 from clients.lipsync import CONTEXT_S, WINDOW_S, infer_windows, main, viseme_probs, windows
 from export.common import onnx_session
 from export.lipsync.recipe import OUTPUTS
 from perf.inputs import served_onnx
+from serving.server import EmbeddedServer
 
 RATE = 16000
 WINDOW, CONTEXT = int(WINDOW_S * RATE), int(CONTEXT_S * RATE)

@@ -12,8 +12,8 @@ from google.protobuf import json_format
 
 from avatar.errors import RequestError
 from avatar.onnx_batching import BatchedSession
-from avatar.serving.deployment import SOURCE_REPOSITORY
-from avatar.serving.repository import embedded_config, parse_config
+from serving.deployment import SOURCE_REPOSITORY
+from serving.repository import embedded_config, parse_config
 
 
 def _session(vad_artifact: Path) -> BatchedSession:

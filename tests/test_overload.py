@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from grpc_calls import call, strings
 
-from avatar.serving.deployment import build_repository
-from avatar.serving.server import EmbeddedServer, ServerOptions
 from perf import probe
+from serving.deployment import build_repository
+from serving.server import EmbeddedServer, ServerOptions
 
 pytestmark = pytest.mark.server
 AVATAR_MODELS = ["avatar", "emotion_encoder", "llm", "llm_decoder", "tts", "tts_vits"]

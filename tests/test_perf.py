@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from avatar.serving.server import EmbeddedServer
 from perf.__main__ import main
+from serving.server import EmbeddedServer
 
 
 def test_sweep_writes_csv(triton_server: EmbeddedServer, tmp_path: Path, capsys) -> None:
@@ -127,8 +127,8 @@ def test_setting_copies_carry_their_settings(
 ) -> None:
     import shutil
 
-    from avatar.serving.repository import parse_config
     from perf.latency import COPIES, add_setting_models
+    from serving.repository import parse_config
 
     for name in COPIES[setting]:
         shutil.copytree(embedded_repository / name, tmp_path / name, symlinks=True)

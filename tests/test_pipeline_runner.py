@@ -14,7 +14,7 @@ from test_pipeline import FakeStages
 from avatar.pipeline import PipelineConfig, parse_turn
 from avatar.pipeline.runner import RunnerConfig, TurnRunner, event_tensors
 from avatar.pipeline.turn import Stages
-from avatar.serving.repository import parse_config
+from serving.repository import parse_config
 
 AVATAR_CONFIG = Path(__file__).parents[1] / "model_repository" / "avatar" / "config.pbtxt"
 

@@ -9,8 +9,9 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from avatar.serving.deployment import SOURCE_REPOSITORY, model_names
-from avatar.serving.repository import (
+from avatar.sidecar import Sidecar
+from serving.deployment import SOURCE_REPOSITORY, model_names
+from serving.repository import (
     ConfigMismatchError,
     MissingArtifactError,
     RepositoryError,
@@ -19,7 +20,6 @@ from avatar.serving.repository import (
     materialize,
     parse_config,
 )
-from avatar.sidecar import Sidecar
 
 MODELS = model_names()
 

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from avatar.serving.deployment import build_repository
-from avatar.serving.server import EmbeddedServer, ServerError, ServerOptions, TritonInstallation
+from serving.deployment import build_repository
+from serving.server import EmbeddedServer, ServerError, ServerOptions, TritonInstallation
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +77,7 @@ def test_server_dies_with_its_parent(vad_repository: Path, tmp_path: Path) -> No
         f"""
         import sys, time
         from pathlib import Path
-        from avatar.serving.server import EmbeddedServer, ServerOptions
+        from serving.server import EmbeddedServer, ServerOptions
         server = EmbeddedServer(ServerOptions(Path({str(vad_repository)!r}))).start()
         print(server._process.pid, flush=True)
         time.sleep(600)

@@ -12,10 +12,10 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from avatar.audio import reference_speech
-from avatar.serving.server import EmbeddedServer
 from avatar.vad import CHUNK, SAMPLE_RATE, chunks, onnx_vad, speech_probabilities, speech_segments
 from clients.vad_stream import infer, served_probabilities
 from export.common import onnx_session
+from serving.server import EmbeddedServer
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """Generic python-backend runner for models declared with a native ONNX/TensorRT platform.
 
-The embedded target of `avatar.serving.repository.materialize` gives such a model this runner
+The embedded target of `serving.repository.materialize` gives such a model this runner
 (its `1/model.py` imports `TritonPythonModel` from here), keeping the config's inputs,
 outputs, max_batch_size, dynamic batching and instance count.
 """

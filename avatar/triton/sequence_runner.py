@@ -4,7 +4,7 @@ In production `llm_decoder` is a TensorRT engine (or ONNX Runtime model) whose K
 Triton keeps as implicit state (`sequence_batching.state` in its config.pbtxt): each step
 request carries only the new token ids, and the cache stays beside the model. The python
 backend cannot hold implicit state, so the embedded target serves this runner instead
-(avatar.serving.repository.embedded_config): it keeps each sequence's cache per
+(serving.repository.embedded_config): it keeps each sequence's cache per
 correlation id (avatar.llm.sequences.KvCacheSequences), starts it on START, frees it on END
 and after `max_sequence_idle_microseconds` of silence, and runs the steps of the requests
 the sequence batcher gathered (oldest strategy) as one ONNX Runtime call.

@@ -30,7 +30,7 @@ FP32 on two sets, each on its own:
   server's tests.
 Speed, FP32 and INT8 alternated in one run, is recorded beside it. The variant is served on the
 CPU where a config asks for it (`embedded_onnx_variant`) and its gate passed
-(avatar.serving.repository).
+(serving.repository).
 """
 
 from __future__ import annotations

@@ -30,12 +30,6 @@ from typing import Any
 
 import numpy as np
 
-from avatar.serving.repository import (
-    ENGINE_RECORD,
-    check_against_sidecar,
-    parse_config,
-    platform_of,
-)
 from avatar.sidecar import Sidecar
 from export.common import Tolerance
 from export.tensorrt.engine import Shape, ShapeProfile, require_tensorrt
@@ -45,6 +39,12 @@ from export.tensorrt.verify import (
     engine_runner,
     onnx_reference,
     require_passed,
+)
+from serving.repository import (
+    ENGINE_RECORD,
+    check_against_sidecar,
+    parse_config,
+    platform_of,
 )
 
 log = logging.getLogger(__name__)
@@ -355,8 +355,8 @@ def build_all(
     source: Path, output: Path | None, names: Iterable[str] | None = None, **options: Any
 ) -> dict[str, dict[str, Any]]:
     """Engines of every tensorrt_plan model, then (output given) the production repository."""
-    from avatar.serving.deployment import build_repository
     from export.registry import ensure_all
+    from serving.deployment import build_repository
 
     require_tensorrt()  # before any export work: say at once what is missing
     models = engine_models(source, names)

@@ -14,9 +14,9 @@ import threading
 from collections.abc import Iterable
 from pathlib import Path
 
-from avatar.serving.deployment import PROJECT_ROOT, build_repository
-from avatar.serving.repository import TARGETS, RepositoryError
-from avatar.serving.server import DEFAULT_KEY_HEADER, PROTOCOLS, EmbeddedServer, ServerOptions
+from serving.deployment import PROJECT_ROOT, build_repository
+from serving.repository import TARGETS, RepositoryError
+from serving.server import DEFAULT_KEY_HEADER, PROTOCOLS, EmbeddedServer, ServerOptions
 
 log = logging.getLogger("avatar")
 DEFAULT_BUILD = PROJECT_ROOT / "build"
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         default=True,
         help="reload a model whose python-backend stub died, restart the server when a "
         "BLS model's stub died or the server exited (explicit model control; "
-        "avatar/serving/supervisor.py); on by default",
+        "serving/supervisor.py); on by default",
     )
     serve.add_argument(
         "--web",

@@ -27,7 +27,7 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-from avatar.serving.supervisor import Supervisor
+from serving.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ class ServerOptions:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     # reload a model whose python-backend stub died, restart a server that exited
-    # (avatar.serving.supervisor); needs explicit model control, so every model is loaded by name
+    # (serving.supervisor); needs explicit model control, so every model is loaded by name
     heal: bool = False
     extra_args: Sequence[str] = ()
 

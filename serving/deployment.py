@@ -7,11 +7,11 @@ import logging
 from collections.abc import Iterable
 from pathlib import Path
 
-from avatar.serving.repository import MaterializedModel, is_native, materialize, parse_config
+from serving.repository import MaterializedModel, is_native, materialize, parse_config
 
 log = logging.getLogger(__name__)
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SOURCE_REPOSITORY = PROJECT_ROOT / "model_repository"
 
 

@@ -85,7 +85,7 @@ def stub_processes(server_pid: int) -> dict[str, set[int]]:
 
 
 class SupervisedServer(Protocol):
-    """What the supervisor needs of a server (avatar.serving.server.EmbeddedServer is one)."""
+    """What the supervisor needs of a server (serving.server.EmbeddedServer is one)."""
 
     options: Any  # model_repository, startup_timeout_s, headers, restricted
     http_url: str

@@ -1,5 +1,0 @@
-import sys
-
-from avatar.serving.cli import main
-
-sys.exit(main())

@@ -10,7 +10,6 @@ with an error saying so.
 from __future__ import annotations
 
 import dataclasses
-import json
 import queue
 import time
 from collections.abc import Callable
@@ -18,11 +17,7 @@ from typing import Any
 
 import numpy as np
 
-OUTPUTS = (
-    "kind", "text", "sentence_index", "emotion", "start_time", "audio", "sample_rate", "fps",
-    "blendshapes", "head_pose", "animation", "video", "error", "timings",
-)  # fmt: skip
-STRINGS = {"kind", "text", "emotion", "animation", "error", "timings"}
+from avatar.pipeline import schema
 
 
 @dataclasses.dataclass
@@ -37,7 +32,12 @@ class TurnResult:
 
     @property
     def timings(self) -> dict[str, Any]:
-        return json.loads(self.final.get("timings") or "{}")
+        return self.final.get("timings", {})
+
+    @property
+    def errors(self) -> list[str]:
+        """The final response's list of what went wrong in the turn."""
+        return self.final.get("error", [])
 
     def audio(self) -> tuple[np.ndarray, int]:
         """The reply's audio placed at each sentence's start time (one clock)."""
@@ -67,29 +67,19 @@ class TurnResult:
         return shapes, poses, fps
 
 
-def _input(name: str, array: np.ndarray, dtype: str):
+def _input(name: str, array: np.ndarray):
     import tritonclient.grpc as grpcclient
 
-    tensor = grpcclient.InferInput(name, list(array.shape), dtype)
+    tensor = grpcclient.InferInput(name, list(array.shape), schema.INPUTS[name].dtype)
     tensor.set_data_from_numpy(array)
     return tensor
 
 
 def decode_response(result) -> dict[str, Any]:
-    """One `avatar` response -> its outputs by name (strings decoded, scalars unwrapped);
-    shared by the gRPC clients and the live gateway."""
-    out: dict[str, Any] = {}
-    for tensor in result.get_response().outputs:
-        value = result.as_numpy(tensor.name)
-        if tensor.name in STRINGS:
-            out[tensor.name] = value.reshape(-1)[0].decode("utf-8")
-        elif tensor.name in {"sentence_index", "sample_rate"}:
-            out[tensor.name] = int(value.reshape(-1)[0])
-        elif tensor.name in {"start_time", "fps"}:
-            out[tensor.name] = float(value.reshape(-1)[0])
-        else:
-            out[tensor.name] = value
-    return out
+    """One `avatar` response -> its outputs by name, decoded as avatar.pipeline.schema says
+    (strings, numbers, the JSON values, arrays); {} for the stream's empty final."""
+    names = [tensor.name for tensor in result.get_response().outputs]
+    return schema.decode_outputs({name: result.as_numpy(name) for name in names})
 
 
 def stream_turn(
@@ -112,16 +102,10 @@ def stream_turn(
     (llm_timeout_s, tts_timeout_s: 30 s) keep a healthy turn's gaps well below 60 s."""
     import tritonclient.grpc as grpcclient
 
-    inputs = []
-    if audio is not None:
-        inputs.append(_input("audio", np.ascontiguousarray(audio, np.float32).reshape(-1), "FP32"))
-    if text is not None:
-        inputs.append(_input("text", np.array([text.encode()], dtype=object), "BYTES"))
-    if session_id:
-        inputs.append(_input("session_id", np.array([session_id.encode()], dtype=object), "BYTES"))
-    if controls:
-        blob = json.dumps(controls).encode()
-        inputs.append(_input("controls", np.array([blob], dtype=object), "BYTES"))
+    tensors = schema.encode_request(
+        audio=audio, text=text, session_id=session_id, controls=controls
+    )
+    inputs = [_input(name, array) for name, array in tensors.items()]
 
     results: queue.Queue = queue.Queue()
     turn = TurnResult()

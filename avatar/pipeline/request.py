@@ -56,9 +56,12 @@ class Controls:
 
     @classmethod
     def from_json(cls, text: str) -> Controls:
-        if not text.strip():
-            return cls()
-        raw = parse_json(text, "controls")
+        """The `controls` input as sent (avatar.pipeline.schema serialises it)."""
+        return cls.from_dict(parse_json(text, "controls")) if text.strip() else cls()
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> Controls:
+        """Validated controls from a decoded JSON object; RequestError says what is wrong."""
         if not isinstance(raw, dict):
             raise RequestError('controls must be a JSON object, e.g. {"fps": 30}')
         known = {f.name: f for f in dataclasses.fields(cls)}

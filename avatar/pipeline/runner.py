@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import logging
 import threading
 from collections.abc import Callable
@@ -18,7 +17,8 @@ from typing import Protocol
 
 import numpy as np
 
-from avatar.pipeline.events import FinalEvent, SentenceEvent, TranscriptEvent, TurnEvent
+from avatar.pipeline import schema
+from avatar.pipeline.events import FinalEvent, TurnEvent
 from avatar.pipeline.request import TurnRequest
 from avatar.pipeline.sessions import SessionTurns
 from avatar.pipeline.turn import PipelineConfig, Stages, run_turn
@@ -158,42 +158,12 @@ class TurnRunner:
 
 
 # ------------------------------------------------------------------ events -> tensors
-def _text(value: str) -> np.ndarray:
-    return np.array([value.encode("utf-8")], dtype=object)
-
-
 def event_tensors(event: TurnEvent, video: str = "") -> Tensors:
-    """The `avatar` model's outputs for one event (config.pbtxt names and dtypes);
-    `video` names the renderer in the final timings ("" when none is served)."""
-    if isinstance(event, TranscriptEvent):
-        return {"kind": _text("transcript"), "text": _text(event.text)}
-    if isinstance(event, SentenceEvent):
-        return _sentence_tensors(event)
-    timings = dict(event.timings, cancelled=event.cancelled)
-    timings["video"] = video or "none: no renderer model served"
-    return {
-        "kind": _text("final"),
-        "text": _text(event.reply),
-        "error": _text(json.dumps(event.errors)),
-        "timings": _text(json.dumps(timings)),
-    }
-
-
-def _sentence_tensors(event: SentenceEvent) -> Tensors:
-    tensors = {
-        "kind": _text("sentence"),
-        "text": _text(event.text),
-        "sentence_index": np.array([event.index], np.int32),
-        "emotion": _text(event.emotion),
-        "start_time": np.array([event.start], np.float32),
-        "audio": event.audio.astype(np.float32),
-        "sample_rate": np.array([event.sample_rate], np.int32),
-        "fps": np.array([event.fps], np.float32),
-        "blendshapes": np.ascontiguousarray(event.blendshapes, np.float32),
-        "head_pose": np.ascontiguousarray(event.head_pose, np.float32),
-        "animation": _text(json.dumps(event.animation)),
-        "error": _text(event.error),
-    }
-    if event.frames is not None:
-        tensors["video"] = np.ascontiguousarray(event.frames, np.uint8)
-    return tensors
+    """The `avatar` model's outputs for one event (avatar.pipeline.schema); the final
+    timings say whether the turn was cancelled and which renderer drew it ("" when none
+    is served)."""
+    if isinstance(event, FinalEvent):
+        timings = dict(event.timings, cancelled=event.cancelled)
+        timings["video"] = video or "none: no renderer model served"
+        event = dataclasses.replace(event, timings=timings)
+    return schema.event_outputs(event)

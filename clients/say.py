@@ -51,7 +51,7 @@ def report(turn: TurnResult) -> str:
     ]
     if "llm_stats" in timings:
         lines.append(f"llm: {json.dumps(timings['llm_stats'])}")
-    errors = json.loads(turn.final.get("error") or "[]")
+    errors = turn.errors
     if errors:
         lines.append(f"errors: {errors}")
     lines.append(f"video: {timings.get('video', '?')}")
@@ -98,7 +98,7 @@ def save(turn: TurnResult, out: Path, stem: str = "answer") -> dict[str, Path]:
                 "start_time": s["start_time"],
                 "duration": s["audio"].size / s["sample_rate"] if s["sample_rate"] else 0.0,
                 "error": s.get("error", ""),
-                "animation": json.loads(s.get("animation") or "{}"),
+                "animation": s.get("animation", {}),
                 "blendshapes": s["blendshapes"].round(4).tolist(),
             }
             for s in turn.sentences

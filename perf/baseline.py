@@ -233,7 +233,7 @@ def triton_turn(  # noqa: PLR0917 - the session loop's turn signature, plus the 
 
     controls = {"seed": seed, "max_tokens": max_tokens, "render": render}
     turn = stream_turn(url, audio=audio, controls=controls, on_response=on_response)
-    figures.error = turn.error or "; ".join(json.loads(turn.final.get("error") or "[]"))
+    figures.error = turn.error or "; ".join(turn.errors)
     figures.transcript = turn.transcript
     figures.reply = turn.final.get("text", "")
     figures.first_audio_s = turn.first_audio_s or turn.total_s

@@ -142,7 +142,7 @@ def served(rounds: int = 2, max_tokens: int = 64, url: str | None = None) -> dic
             for q, question in enumerate(QUESTIONS):
                 local = _first_audio(engines[words], synth, voice, q)
                 turn = stream_turn(url, text=question, controls={**controls, "seed": q})
-                since = json.loads(turn.final.get("timings") or "{}")["since_request_ms"]
+                since = turn.timings["since_request_ms"]
                 piece = turn.sentences[0]["text"] if turn.sentences else ""
                 remote = {
                     "question": q,

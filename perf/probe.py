@@ -139,8 +139,6 @@ def turn(
 ) -> Outcome:
     """One `avatar` turn: text, or `audio` when given; failures are data, not raises. A
     turn longer than `timeout_s` (or silent for 60 s) is cancelled and fails."""
-    import json
-
     from clients.avatar_stream import stream_turn
 
     started = time.monotonic()
@@ -156,7 +154,7 @@ def turn(
                        False, None, kind)  # fmt: skip
     error = result.error
     if not error and result.final:
-        errors = json.loads(result.final.get("error") or "[]")
+        errors = result.errors
         error = "; ".join(errors)
     elif not error:
         error = "no final response"

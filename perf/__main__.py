@@ -2,7 +2,7 @@
 
   suite     every public model + the `avatar` stream, concurrency sweep -> build/perf/suite/
   batching  max_batch_size x queue delay x instances per native model -> build/perf/batching/
-  baseline  plain sequential Python vs the Triton `avatar` stream -> build/perf/baseline/
+  baseline  the same turn in-process, no batching, vs the `avatar` stream -> build/perf/baseline/
   sweep     one or more models' concurrency sweep (time windows until stable) -> CSV
   asr-windows  encoder window length vs WER on real speech and time -> build/perf/asr/
   asr-prefix  ASR passes while the user speaks: WER, time left -> build/perf/asr_prefix/
@@ -20,13 +20,13 @@ figures are noisy) + a markdown table + PNG plots.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import sys
 import tempfile
 from pathlib import Path
 
 from perf.analyzer import format_table, input_data_file, sweep, write_csv
+from perf.harness import serve
 from perf.inputs import SAMPLES
 from perf.report import DEFAULT_OUT
 
@@ -34,28 +34,13 @@ log = logging.getLogger("perf")
 RESULTS = DEFAULT_OUT / "sweep"
 
 
-def _server(stack: contextlib.ExitStack, url: str | None, tmp: Path) -> str:
-    """`url`, or the gRPC address of an embedded server with every model (the public models
-    call the others through BLS and ensembles)."""
-    if url is not None:
-        return url
-    from serving.deployment import build_repository
-    from serving.server import EmbeddedServer, ServerOptions
-
-    build_repository(tmp / "repository", "embedded")
-    options = ServerOptions(tmp / "repository", startup_timeout_s=600)
-    return stack.enter_context(EmbeddedServer(options)).grpc_url
-
-
 def _sweep(args: argparse.Namespace) -> int:
-    with contextlib.ExitStack() as stack:
-        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="perf-")))
-        url = _server(stack, args.url, tmp)
+    with tempfile.TemporaryDirectory(prefix="perf-") as tmp, serve(args.url) as target:
         all_points = []
         for model in args.models:
-            data = input_data_file(SAMPLES[model](), tmp)
+            data = input_data_file(SAMPLES[model](), Path(tmp))
             points = sweep(
-                url,
+                target.grpc_url,
                 model,
                 args.concurrency,
                 data,
@@ -72,10 +57,10 @@ def _sweep(args: argparse.Namespace) -> int:
 def _suite(args: argparse.Namespace) -> int:
     from perf import suite
 
-    with contextlib.ExitStack() as stack:
-        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="perf-suite-")))
-        url = _server(stack, args.url, tmp)
-        results, failures = suite.run(url, args.models, args.concurrency, args.requests, tmp)
+    with tempfile.TemporaryDirectory(prefix="perf-suite-") as tmp, serve(args.url) as target:
+        results, failures = suite.run(
+            target.grpc_url, args.models, args.concurrency, args.requests, Path(tmp)
+        )
     paths = suite.save(results, failures, args.out)
     sys.stdout.write(suite.format_table(results, failures) + "\n")
     sys.stdout.write("saved: " + ", ".join(str(p) for p in paths) + "\n")
@@ -114,10 +99,8 @@ def _baseline(args: argparse.Namespace) -> int:
         render=args.render,
         warmup=args.warmup,
     )
-    with contextlib.ExitStack() as stack:
-        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="perf-baseline-")))
-        url = _server(stack, args.url, tmp)
-        results = baseline.run(url, config)
+    with serve(args.url) as target:
+        results = baseline.run(target.grpc_url, config)
     paths = baseline.save(results, config, args.out)
     sys.stdout.write(baseline.format_table(results) + "\n")
     sys.stdout.write("saved: " + ", ".join(str(p) for p in paths) + "\n")
@@ -165,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     bt.add_argument("--out", type=Path, default=DEFAULT_OUT / "batching")
     bt.set_defaults(func=_batching)
 
-    bl = sub.add_parser("baseline", help="naive sequential Python vs the Triton avatar stream")
+    bl = sub.add_parser("baseline", help="the same turn in-process (naive) vs the avatar stream")
     bl.add_argument("--url", help="gRPC address of a running server (default: start one)")
     bl.add_argument("--sessions", nargs="+", type=int, default=[1, 2, 4, 8])
     bl.add_argument("--turns", type=int, default=2, help="turns per session")

@@ -18,15 +18,15 @@ from its own checkout) measured in the same rounds, so a change is a ratio from 
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-from perf.probe import concurrently
+from perf.harness import at_concurrency, percentile, serve, warm_up
 from perf.report import DEFAULT_OUT, save_results
 
 log = logging.getLogger(__name__)
@@ -48,18 +48,10 @@ def transcribe_served(url: str, audio: np.ndarray) -> str:
 def through_triton(url: str, audios: list[np.ndarray], streams: int) -> tuple[float, list[float]]:
     """(utterances/s, client ms per utterance): `streams` clients, each sending its share of
     the clips one after another."""
-    times: list[float] = []
-
-    def one(i: int) -> None:
-        for audio in audios[i::streams]:
-            started = time.perf_counter()
-            transcribe_served(url, audio)
-            times.append(1000 * (time.perf_counter() - started))
-
-    elapsed = concurrently(one, streams)
-    if len(times) != len(audios):
-        raise RuntimeError(f"{len(audios) - len(times)} of {len(audios)} transcriptions failed")
-    return len(audios) / elapsed, times
+    load = at_concurrency(streams, audios, functools.partial(transcribe_served, url))
+    if load.errors:
+        raise RuntimeError(f"{len(load.errors)} of {len(audios)} transcriptions failed")
+    return load.per_s, [1000 * s.seconds for s in load.samples]
 
 
 def in_process(runtime, vocab, audios: list[np.ndarray], streams: int) -> tuple[float, list[float]]:
@@ -98,7 +90,7 @@ def measure(
     audios = [humans[i % len(humans)] for i in range(utterances)]
     in_process(runtime, vocab, audios[:2], 1)
     for url in urls.values():
-        through_triton(url, audios[:2], 1)
+        warm_up(functools.partial(transcribe_served, url), audios[:2])
     rows = []
     for streams in streams_levels:
         rates: dict[str, list[float]] = {"in_process": [], **{k: [] for k in urls}}
@@ -115,8 +107,8 @@ def measure(
         for name, rate in rates.items():
             row[name] = {
                 "per_s": statistics.median(rate),
-                "ms_p50": float(np.percentile(times[name], 50)),
-                "ms_p95": float(np.percentile(times[name], 95)),
+                "ms_p50": percentile(times[name], 50),
+                "ms_p95": percentile(times[name], 95),
             }
         for name in urls:
             row[name]["vs_in_process"] = row[name]["per_s"] / row["in_process"]["per_s"]
@@ -153,20 +145,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def command(args: argparse.Namespace) -> int:
-    from serving.deployment import build_repository
-    from serving.server import EmbeddedServer, ServerOptions
-
-    def run(url: str) -> list[dict]:
-        urls = {"triton": url} | ({"against": args.against} if args.against else {})
-        return measure(urls, args.rounds, args.streams, args.utterances)
-
-    if args.url:
-        rows = run(args.url)
-    else:
-        with tempfile.TemporaryDirectory() as tmp:
-            repository = Path(tmp) / "models"
-            build_repository(repository, "embedded", MODELS)
-            with EmbeddedServer(ServerOptions(repository, models=MODELS)) as server:
-                rows = run(server.grpc_url)
+    with serve(args.url, MODELS) as target:
+        urls = {"triton": target.grpc_url} | ({"against": args.against} if args.against else {})
+        rows = measure(urls, args.rounds, args.streams, args.utterances)
     save_results(args.out, "asr_server", rows, table(rows))
     return 0

@@ -11,6 +11,7 @@ with p50/p95/p99 latency, throughput, queue and compute time and the machine's l
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import logging
 import os
@@ -21,6 +22,7 @@ from pathlib import Path
 from google.protobuf import text_format
 
 from perf.analyzer import SweepPoint, input_data_file, sweep
+from perf.harness import serve
 
 log = logging.getLogger(__name__)
 
@@ -123,10 +125,11 @@ def grid_points(
     return points
 
 
-def rewrite_config(path: Path, point: BatchPoint) -> None:
+def rewrite_config(point: BatchPoint, model: str, repository: Path) -> None:
     """Set max_batch_size, the dynamic batcher's delay and the instance count in place."""
     from serving.repository import parse_config
 
+    path = repository / model / "config.pbtxt"
     config = parse_config(path)
     if config.max_batch_size <= 0:
         raise ValueError(f"{path}: model does not batch (max_batch_size 0); cannot sweep it")
@@ -147,23 +150,19 @@ def sweep_model(
     grid: ModelGrid,
     workdir: Path,
 ) -> list[BatchResult]:
-    """Every point of one model, each on a freshly started server."""
+    """Every point of one model, each on a freshly started server with its config."""
     from perf.inputs import SAMPLES
-    from serving.deployment import build_repository
-    from serving.server import EmbeddedServer, ServerOptions
 
-    repo = workdir / model / "repository"
-    build_repository(repo, "embedded", [model])
     data = input_data_file(SAMPLES[model](), workdir / model)
     results = []
     for point in points:
-        rewrite_config(repo / model / "config.pbtxt", point)
         log.info("%s %s: starting server (load %.2f)", model, point.label, os.getloadavg()[0])
-        with EmbeddedServer(ServerOptions(repo, models=[model])) as server:
+        configure = functools.partial(rewrite_config, point, model)
+        with serve(models=[model], configure=configure) as target:
             warm = point.instances * 2  # first ORT runs allocate; keep them out of the figures
-            sweep(server.grpc_url, model, [point.instances], data, request_count=warm)
+            sweep(target.grpc_url, model, [point.instances], data, request_count=warm)
             (swept,) = sweep(
-                server.grpc_url, model, [grid.concurrency], data, request_count=grid.requests
+                target.grpc_url, model, [grid.concurrency], data, request_count=grid.requests
             )
         result = BatchResult.of(point, swept, max(grid.requests, 2 * grid.concurrency))
         log.info(

@@ -118,24 +118,15 @@ def served(rounds: int = 2, max_tokens: int = 64, url: str | None = None) -> dic
     alternated per question: what the serving adds to the first piece and the first audio.
     `avatar`'s own milestones (`llm_first_sentence`, `first_audio` since the request).
     url: a running server's gRPC address instead of an embedded one."""
-    import contextlib
-    import tempfile
-
     from clients.avatar_stream import stream_turn
-    from serving.deployment import SOURCE_REPOSITORY, build_repository
-    from serving.repository import parse_config
-    from serving.server import EmbeddedServer, ServerOptions
+    from perf.harness import serve
+    from perf.inputs import served_parameters
 
-    config = parse_config(SOURCE_REPOSITORY / "llm" / "config.pbtxt")
-    words = int(config.parameters["first_clause_words"].string_value)
+    words = int(served_parameters("llm")["first_clause_words"])
     engines, synth, voice = _in_process((words,), max_tokens)
     rows: dict[str, list[dict]] = {"served": [], "in-process": []}
-    with contextlib.ExitStack() as stack:
-        if url is None:
-            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="perf-piece-")))
-            build_repository(tmp / "repository", "embedded")
-            options = ServerOptions(tmp / "repository", startup_timeout_s=600)
-            url = stack.enter_context(EmbeddedServer(options)).grpc_url
+    with serve(url) as target:
+        url = target.grpc_url
         controls = {"render": False, "max_tokens": max_tokens}
         stream_turn(url, text="Hi", controls={**controls, "seed": 0})  # warm
         for round_ in range(rounds):

@@ -46,7 +46,6 @@ import contextlib
 import dataclasses
 import logging
 import shutil
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -54,7 +53,7 @@ from pathlib import Path
 import numpy as np
 
 from gateway.process import running_gateway
-from perf.probe import concurrently
+from perf.harness import concurrently, playback_stall, serve
 from perf.report import DEFAULT_OUT, plot_bars, write_rows
 
 log = logging.getLogger(__name__)
@@ -242,19 +241,8 @@ def spoken_turn(ws_url: str, row: TurnRow, audio: np.ndarray, seed: int) -> None
         row.first_sentence = round(row.transcript_ms + piece, 1)
     row.first_audio = after("first_audio_turn1")
     row.first_frame = after("first_frames_turn1")
-    row.stall = round(playback_stall(reply.audio, reply.audio_arrived) * 1000, 1)
-
-
-def playback_stall(chunks: list, arrived: list[float]) -> float:
-    """Seconds a player that starts at the first chunk's arrival and plays each chunk at its
-    `start_s` on the turn clock waits for chunks that arrive late (it pauses until they do)."""
-    if not chunks:
-        return 0.0
-    t0, waited = min(arrived), 0.0
-    for chunk, at in sorted(zip(chunks, arrived, strict=True), key=lambda c: c[0].start_s):
-        due = t0 + waited + chunk.start_s
-        waited += max(0.0, at - due)
-    return waited
+    arrivals = zip(reply.audio_arrived, (chunk.start_s for chunk in reply.audio), strict=True)
+    row.stall = round(playback_stall(arrivals) * 1000, 1)
 
 
 def run_level(
@@ -390,18 +378,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def command(args: argparse.Namespace) -> int:
-    from serving.deployment import build_repository
-    from serving.server import EmbeddedServer, ServerOptions
+    def configure(repository: Path) -> None:
+        for setting in set(args.settings) & set(COPIES):
+            add_setting_models(repository, setting)
 
     with contextlib.ExitStack() as stack:
-        url = args.url
-        if url is None:
-            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="perf-latency-")))
-            build_repository(tmp / "repository", "embedded")
-            for setting in set(args.settings) & set(COPIES):
-                add_setting_models(tmp / "repository", setting)
-            server = EmbeddedServer(ServerOptions(tmp / "repository", startup_timeout_s=600))
-            url = stack.enter_context(server).grpc_url
+        url = stack.enter_context(serve(args.url, configure=configure)).grpc_url
         gateways = {
             setting: stack.enter_context(
                 running_gateway(url, _gateway_options(setting, args.end_silence_s), quiet=True)

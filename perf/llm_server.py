@@ -14,18 +14,18 @@ the same sampled requests (same seeds), so both generate the same tokens.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import queue
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
 from avatar.llm.bench import QUESTIONS
-from perf.probe import concurrently
+from perf.harness import at_concurrency, serve, warm_up
 from perf.report import DEFAULT_OUT, save_results
 
 log = logging.getLogger(__name__)
@@ -90,15 +90,16 @@ def decoder_counts(url: str) -> tuple[int, int]:
 
 def through_triton(url: str, streams: int) -> tuple[float, list[float]]:
     """(aggregate tokens/s, server-side ttft_ms per stream) of `streams` concurrent turns."""
-    stats: list[dict] = []
+    load = at_concurrency(streams, range(streams), functools.partial(served_turn, url))
+    if load.errors:
+        raise RuntimeError(f"{len(load.errors)} of {streams} streams failed")
+    stats = [s.result for s in load.samples]
+    return sum(s["completion_tokens"] for s in stats) / load.wall_s, [s["ttft_ms"] for s in stats]
 
-    def one(i: int) -> None:
-        stats.append(stream_turn(url, _question(i), _sampling(i))[2])
 
-    elapsed = concurrently(one, streams)
-    if len(stats) != streams:
-        raise RuntimeError(f"{streams - len(stats)} of {streams} streams failed")
-    return sum(s["completion_tokens"] for s in stats) / elapsed, [s["ttft_ms"] for s in stats]
+def served_turn(url: str, i: int) -> dict:
+    """Question i with seed i through the `llm` model: its final stats."""
+    return stream_turn(url, _question(i), _sampling(i))[2]
 
 
 def in_process(engine, streams: int) -> tuple[float, list[float]]:
@@ -131,7 +132,7 @@ def measure(url: str, folder: Path, rounds: int) -> list[dict]:
     engine = _engine(folder)
     try:
         in_process(engine, 1)  # warm-up: the persona reaches both prefix caches
-        through_triton(url, 1)
+        warm_up(functools.partial(served_turn, url), [0])
         rows = []
         for streams in STREAMS:
             local, served, ttft_local, ttft_served = [], [], [], []
@@ -188,14 +189,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def command(args: argparse.Namespace) -> int:
     from export.registry import ensure_all
-    from serving.deployment import build_repository
-    from serving.server import EmbeddedServer, ServerOptions
 
     folder = ensure_all(["llm_decoder"])["llm_decoder"]
-    with tempfile.TemporaryDirectory() as tmp:
-        repository = Path(tmp) / "models"
-        build_repository(repository, "embedded", MODELS)
-        with EmbeddedServer(ServerOptions(repository, models=MODELS)) as server:
-            rows = measure(server.grpc_url, folder, args.rounds)
+    with serve(models=MODELS) as target:
+        rows = measure(target.grpc_url, folder, args.rounds)
     save_results(args.out, "llm_server", rows, table(rows))
     return 0

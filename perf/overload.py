@@ -13,13 +13,12 @@ before trying again, as a client that honours UNAVAILABLE would.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import sys
-import tempfile
 from pathlib import Path
 
 from perf import probe
+from perf.harness import percentile, serve
 
 log = logging.getLogger("perf.overload")
 
@@ -36,12 +35,12 @@ def summarize(label: str, outcomes: list[probe.Outcome], seconds: float) -> dict
         "served/min": len(served) / seconds * 60,
         "refused": len(refusals),
         "failed": len(failed),
-        "refusal p50 ms": probe.percentile(refusals, 50) * 1000,
+        "refusal p50 ms": percentile(refusals, 50) * 1000,
         "refusal max ms": max(refusals) * 1000 if refusals else float("nan"),
-        "served p50 s": probe.percentile(served, 50),
-        "served p99 s": probe.percentile(served, 99),
-        "first audio p50 s": probe.percentile(first_audio, 50),
-        "first audio p99 s": probe.percentile(first_audio, 99),
+        "served p50 s": percentile(served, 50),
+        "served p99 s": percentile(served, 99),
+        "first audio p50 s": percentile(first_audio, 50),
+        "first audio p99 s": percentile(first_audio, 99),
     }
 
 
@@ -61,23 +60,14 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     controls = {"max_tokens": args.max_tokens, "seed": 1}
 
-    with contextlib.ExitStack() as stack:
-        url, metrics_url = args.url, args.metrics_url
-        if url is None:
-            from serving.deployment import build_repository
-            from serving.server import EmbeddedServer, ServerOptions
+    def configure(repository: Path) -> None:
+        if args.model == "avatar":
+            probe.set_parameters(repository, "avatar", max_active_turns=args.capacity)
+        else:
+            probe.set_queue_policy(repository, "asr", args.capacity, 30_000_000)
 
-            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="overload-")))
-            build_repository(tmp / "repository", "embedded")
-            if args.model == "avatar":
-                probe.set_parameters(tmp / "repository", "avatar", max_active_turns=args.capacity)
-            else:
-                probe.set_queue_policy(tmp / "repository", "asr", args.capacity, 30_000_000)
-            server = stack.enter_context(
-                EmbeddedServer(ServerOptions(tmp / "repository", startup_timeout_s=600))
-            )
-            url, metrics_url = server.grpc_url, server.metrics_url
-
+    with serve(args.url, configure=configure, metrics_url=args.metrics_url or "") as target:
+        url, metrics_url = target.grpc_url, target.metrics_url
         questions = []
         if args.model == "asr":
             questions = probe.spoken_questions()

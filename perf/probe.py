@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from perf.harness import concurrently
 from serving.supervisor import stub_processes
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
@@ -180,17 +181,6 @@ def transcribe(url: str, audio: np.ndarray) -> Outcome:
     return Outcome(started, seconds, error, is_refusal(error), None, "audio")
 
 
-def concurrently(target: Callable[[int], None], count: int, *, daemon: bool = False) -> float:
-    """`target(0)` .. `target(count - 1)` each in its own thread; seconds until all ended."""
-    started = time.monotonic()
-    threads = [threading.Thread(target=target, args=(i,), daemon=daemon) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return time.monotonic() - started
-
-
 def closed_loop(
     clients: int,
     seconds: float,
@@ -239,7 +229,3 @@ def format_rows(rows: list[dict]) -> str:
     lines = ["  ".join(k.rjust(w) for k, w in zip(keys, widths, strict=True))]
     lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
     return "\n".join(lines)
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    return float(np.percentile(values, q)) if len(values) else float("nan")

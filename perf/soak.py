@@ -19,13 +19,13 @@ import dataclasses
 import json
 import logging
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from perf import probe
+from perf.harness import percentile, serve
 from serving.supervisor import stub_processes
 
 log = logging.getLogger("perf.soak")
@@ -113,52 +113,45 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
 
-    from serving.deployment import build_repository
-    from serving.server import EmbeddedServer, ServerOptions
-
     questions = probe.spoken_questions()
     controls = {"max_tokens": args.max_tokens, "seed": 5}
     run_ = SoakRun()
     outcomes = run_.outcomes
-    with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
-        build_repository(Path(tmp) / "repository", "embedded")
-        options = ServerOptions(Path(tmp) / "repository", startup_timeout_s=600, heal=True)
-        with EmbeddedServer(options) as server:
-            assert server.pid is not None
-            url = server.grpc_url
+    with serve(heal=True) as target:
+        server, url = target.server, target.grpc_url
 
-            def run(index: int) -> probe.Outcome:
-                spoken = args.audio_every and index % args.audio_every == 0
-                audio = questions[index % len(questions)] if spoken else None
-                return probe.turn(url, index, audio, args.turn_timeout_s, **controls)
+        def run(index: int) -> probe.Outcome:
+            spoken = args.audio_every and index % args.audio_every == 0
+            audio = questions[index % len(questions)] if spoken else None
+            return probe.turn(url, index, audio, args.turn_timeout_s, **controls)
 
-            watch = run_.watch = Watch(lambda: server.pid, args.sample_s).start()
-            stop = threading.Event()
-            log.info("soak: %d clients for %.1f min (log %s)", args.clients, args.minutes,
-                     server.log_path)  # fmt: skip
-            load = threading.Thread(
-                target=probe.closed_loop,
-                args=(args.clients, args.minutes * 60, run),
-                kwargs={"outcomes": outcomes, "stop": stop},
-                daemon=True,
-            )
-            load.start()
-            try:
-                while load.is_alive():
-                    load.join(timeout=1.0)
-            except KeyboardInterrupt:  # report what ran so far
-                run_.interrupted = True
-                log.warning("soak: interrupted; waiting for the turns in flight")
-                stop.set()
-                load.join(timeout=args.turn_timeout_s + 10)
-            watch.stop()
-            try:
-                run_.gauges = probe.metrics(server.metrics_url)
-            except OSError as error:
-                log.error("soak: no metrics at the end: %s", error)
-            run_.alive = server.is_running()
-            run_.events = list(server.supervisor.events) if server.supervisor else []
-            run_.log_path = server.log_path
+        watch = run_.watch = Watch(lambda: server.pid, args.sample_s).start()
+        stop = threading.Event()
+        log.info("soak: %d clients for %.1f min (log %s)", args.clients, args.minutes,
+                 server.log_path)  # fmt: skip
+        load = threading.Thread(
+            target=probe.closed_loop,
+            args=(args.clients, args.minutes * 60, run),
+            kwargs={"outcomes": outcomes, "stop": stop},
+            daemon=True,
+        )
+        load.start()
+        try:
+            while load.is_alive():
+                load.join(timeout=1.0)
+        except KeyboardInterrupt:  # report what ran so far
+            run_.interrupted = True
+            log.warning("soak: interrupted; waiting for the turns in flight")
+            stop.set()
+            load.join(timeout=args.turn_timeout_s + 10)
+        watch.stop()
+        try:
+            run_.gauges = probe.metrics(server.metrics_url)
+        except OSError as error:
+            log.error("soak: no metrics at the end: %s", error)
+        run_.alive = server.is_running()
+        run_.events = list(server.supervisor.events) if server.supervisor else []
+        run_.log_path = server.log_path
     return report(args, run_)
 
 
@@ -197,9 +190,9 @@ def report(args: argparse.Namespace, run: SoakRun) -> int:
         print(f"supervisor: {events}")
     print(f"server log: {log_path}")
     print(
-        f"turn p50 {probe.percentile(served, 50):.2f} s, p99 {probe.percentile(served, 99):.2f} s;"
-        f" first audio p50 {probe.percentile(first_audio, 50):.2f} s, "
-        f"p99 {probe.percentile(first_audio, 99):.2f} s"
+        f"turn p50 {percentile(served, 50):.2f} s, p99 {percentile(served, 99):.2f} s;"
+        f" first audio p50 {percentile(first_audio, 50):.2f} s, "
+        f"p99 {percentile(first_audio, 99):.2f} s"
     )
     in_flight = {dict(k[1])["model"] + "/" + dict(k[1])["what"]: v for k, v in gauges.items()
                  if k[0] == "avatar_active"}  # fmt: skip

@@ -161,18 +161,32 @@ def test_endpointing_counts_questions_cut_at_a_pause() -> None:
 
 
 def test_playback_stall_counts_the_waits_for_late_audio() -> None:
-    from gateway.protocol import Audio
-    from perf.latency import playback_stall
-
-    def chunk(start_s: float) -> Audio:
-        return Audio(sentence=0, turn=1, start_s=start_s, sample_rate=22050, pcm=np.zeros(1))
+    from perf.harness import playback_stall
 
     # 2-s pieces at 0, 2 and 4 s on the turn clock; the second arrives 0.5 s after it was due,
     # so the third is due 0.5 s later too, and arrives in time
-    chunks = [chunk(0.0), chunk(2.0), chunk(4.0)]
-    assert playback_stall(chunks, [10.0, 12.5, 14.2]) == pytest.approx(0.5)
-    assert playback_stall(chunks, [10.0, 10.1, 13.9]) == 0.0
-    assert playback_stall([], []) == 0.0
+    starts = [0.0, 2.0, 4.0]
+    assert playback_stall(zip([10.0, 12.5, 14.2], starts, strict=True)) == pytest.approx(0.5)
+    assert playback_stall(zip([10.0, 10.1, 13.9], starts, strict=True)) == 0.0
+    assert playback_stall([]) == 0.0
+
+
+def test_at_concurrency_shares_the_requests_and_records_failures() -> None:
+    from perf.harness import Latency, at_concurrency
+
+    def send(n: int) -> int:
+        if n == 3:
+            raise ValueError("three")
+        return n * n
+
+    load = at_concurrency(2, range(6), send)
+    assert sorted(s.request for s in load.samples) == list(range(6))
+    assert {s.request: s.stream for s in load.samples} == {0: 0, 1: 1, 2: 0, 3: 1, 4: 0, 5: 1}
+    (failed,) = load.errors
+    assert failed.request == 3 and failed.error == "ValueError: three" and failed.result is None
+    assert all(s.result == s.request**2 for s in load.samples if not s.error)
+    assert load.latency().count == 5 and load.per_s > 0
+    assert Latency.of([1.0, 2.0, 3.0]) == Latency(3, 2.0, pytest.approx(2.9))
 
 
 def test_first_piece_served_against_in_process(

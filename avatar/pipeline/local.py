@@ -1,0 +1,210 @@
+"""The turn's stages in this process, no Triton: `local_stages(models) -> Stages`.
+
+The served `avatar` model binds `Stages` to BLS calls of the asr, llm, tts, emotion_encoder
+and renderer models; here each stage runs the same exported graphs with ONNX Runtime and
+the core's own engines (Whisper's greedy decoder, the chat engine and its scheduler, the
+VITS synthesizer, the emotion classifier). `run_turn` over these stages is the naive
+baseline of `python -m perf baseline` and what tests run a real turn through.
+
+Each call serves one session's request: nothing is batched across sessions, except that
+the chat engine's scheduler admits up to `EngineConfig.max_batch` generations at once
+(1 = one generation at a time). The caller finds the files (the core does not import
+`export`): `LocalModels` names the ONNX graphs, e.g. the variants the embedded server runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import queue
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from avatar.asr.transcribe import AsrOptions, check_audio, transcribe
+from avatar.llm.engine import ChatEngine, EngineConfig
+from avatar.llm.scheduler import Event
+from avatar.pipeline.request import TurnRequest
+from avatar.pipeline.turn import Speech, Stages
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalModels:
+    """The files each stage runs (ONNX graphs as `model_repository/` names the models)."""
+
+    asr_encoder: Path  # mel -> cross_kv
+    asr_decoder: Path  # the stateless step graph (avatar.asr.onnx_runtime.DECODER_STEP_FILE)
+    asr_vocab: Path  # the folder of Whisper's tokenizer.json and config.json
+    llm_decoder: Path  # its folder also holds the tokenizer and chat template
+    tts_vits: Path  # the packaged voice's graph as exported
+    emotion_encoder: Path | None = None  # None: the "auto" emotion is neutral
+    # face -> renderer graph; the first is the default face; empty: no video frames
+    renderers: Mapping[str, Path] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalConfig:
+    """What the served models read from their configs, for the in-process stages."""
+
+    asr: AsrOptions = dataclasses.field(default_factory=AsrOptions)
+    # persona, sampling defaults, first clause, batch, prefix cache
+    llm: EngineConfig = dataclasses.field(default_factory=EngineConfig)
+    threads: int = 1  # ONNX Runtime intra-op threads per call, as the embedded runners
+
+
+@contextlib.contextmanager
+def local_stages(models: LocalModels, config: LocalConfig | None = None) -> Iterator[Stages]:
+    """Stages over in-process sessions; the chat engine's scheduler runs in a thread until
+    the block ends. The sessions are shared: threads may run turns concurrently."""
+    from avatar.llm.decoder import OrtDecoder
+    from avatar.llm.tokenizer import Tokenizer
+
+    config = config or LocalConfig()
+    chat = _Chat(
+        ChatEngine(
+            OrtDecoder(models.llm_decoder, config.threads),
+            Tokenizer(models.llm_decoder.parent),
+            config.llm,
+        )
+    )
+    stages = Stages(
+        transcribe=_transcriber(models, config),
+        chat=chat.chat,
+        speak=_speaker(models.tts_vits, config.threads),
+        render=_renderer(models.renderers, config.threads) if models.renderers else None,
+        feel=_feeler(models.emotion_encoder, config.threads) if models.emotion_encoder else None,
+        cut=chat.cut,
+    )
+    chat.engine.scheduler.start()
+    try:
+        yield stages
+    finally:
+        chat.engine.scheduler.stop()
+
+
+def _session(path: Path, threads: int) -> Any:  # -> onnxruntime.InferenceSession
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def _transcriber(models: LocalModels, config: LocalConfig) -> Callable[[np.ndarray], str]:
+    from avatar.asr.onnx_runtime import OnnxWhisperRuntime
+    from avatar.asr.vocab import WhisperVocab
+
+    runtime = OnnxWhisperRuntime(models.asr_encoder, models.asr_decoder, config.threads)
+    vocab = WhisperVocab.load(models.asr_vocab / "tokenizer.json", models.asr_vocab / "config.json")
+
+    def transcribe_one(audio: np.ndarray) -> str:
+        audio = check_audio(audio, max_seconds=config.asr.max_seconds)
+        (result,) = transcribe(runtime, vocab, [audio], config.asr)
+        return result.text
+
+    return transcribe_one
+
+
+class _Chat:
+    """`chat` and `cut` on one engine, as the `llm` model serves them (sessions, forks,
+    stop by turn id)."""
+
+    def __init__(self, engine: ChatEngine) -> None:
+        self.engine = engine
+
+    def chat(self, text: str, request: TurnRequest, stop: Callable[[], bool]) -> Iterator[str]:
+        controls = request.controls
+        messages = [{"role": "system", "content": controls.persona}] if controls.persona else []
+        messages.append({"role": "user", "content": text})
+        sampling: dict[str, Any] = {"seed": controls.seed}
+        if controls.max_tokens:
+            sampling["max_tokens"] = controls.max_tokens
+        parsed = self.engine.parse(
+            json.dumps(messages),
+            request.session_id,
+            json.dumps(sampling),
+            request.parent_session_id,
+        )
+        events: queue.Queue[Event] = queue.Queue()
+        self.engine.submit(parsed, events.put, stop, request.turn_id)
+        pending = ""
+        while True:
+            event = events.get()  # the scheduler ends every generation with a final event
+            if event.finish_reason == "error":
+                raise RuntimeError(f"generation failed: {event.error}")
+            for chunk in event.chunks:
+                pending += chunk.text
+                if chunk.sentence and chunk.sentence.strip():
+                    yield chunk.sentence.strip()
+                    pending = ""
+            if event.finish_reason is not None:
+                break
+        if pending.strip() and not stop():
+            yield pending.strip()
+        return event.stats or {}
+
+    def cut(self, request: TurnRequest, spoken: str) -> None:
+        self.engine.stop(request.turn_id, spoken, request.session_id)
+
+
+def _speaker(path: Path, threads: int) -> Callable[[str, TurnRequest], Iterator[Speech]]:
+    from avatar.tts.phonemes import Phonemizer
+    from avatar.tts.synth import Controls, Synthesizer, onnx_infer
+    from avatar.tts.voice import packaged_voice
+
+    voice = packaged_voice().config
+    synth = Synthesizer(Phonemizer(voice), onnx_infer(_session(path, threads)))
+
+    def speak(text: str, request: TurnRequest) -> Iterator[Speech]:
+        for piece in synth.stream(text, Controls.defaults(voice, seed=request.controls.seed)):
+            yield Speech(
+                piece.audio,
+                piece.sample_rate,
+                list(piece.phonemes),
+                piece.starts,
+                piece.ends,
+                piece.text,
+            )
+
+    return speak
+
+
+def _feeler(path: Path, threads: int) -> Callable[[str], tuple[str, float]]:
+    from avatar.animation.emotion_classifier import EmotionClassifier, SentenceTokenizer
+
+    session, tokenize = _session(path, threads), SentenceTokenizer()
+    classifier = EmotionClassifier.load(
+        encoder=lambda sentences: session.run(["embedding"], tokenize(sentences))[0]
+    )
+
+    def feel(text: str) -> tuple[str, float]:
+        emotion = classifier.predict(text)
+        return emotion.label, emotion.intensity
+
+    return feel
+
+
+def _renderer(
+    paths: Mapping[str, Path], threads: int
+) -> Callable[[np.ndarray, np.ndarray, str], np.ndarray | None]:
+    sessions = {face: _session(path, threads) for face, path in paths.items()}
+    default = next(iter(sessions))
+
+    def render(blendshapes: np.ndarray, head_pose: np.ndarray, face: str) -> np.ndarray | None:
+        """Frames of a sentence in one call (the graphs batch on a dynamic axis); None for
+        a face without a renderer here, as the served model answers for one not served."""
+        session = sessions.get(face or default)
+        if session is None:
+            return None
+        feeds = {
+            "blendshapes": np.ascontiguousarray(blendshapes, np.float32),
+            "head_pose": np.ascontiguousarray(head_pose, np.float32),
+        }
+        return session.run(["frames"], feeds)[0]
+
+    return render

@@ -108,10 +108,12 @@ class LevelSummary:
 # one sentence's audio as the client got it: (arrival s, start on the turn clock s, seconds)
 Arrival = tuple[float, float, float]
 # fills the figures of one turn: (spoken question, controls, figures)
-TurnFn = Callable[[np.ndarray, dict[str, Any], "TurnFigures"], None]
+TurnFn = Callable[[np.ndarray, dict[str, Any], TurnFigures], None]
 
 
-def local_turn(stages: Stages, audio: np.ndarray, controls: dict[str, Any], figures) -> None:
+def local_turn(
+    stages: Stages, audio: np.ndarray, controls: dict[str, Any], figures: TurnFigures
+) -> None:
     """One `run_turn` over in-process stages; the events' emission times are the arrivals."""
     request = parse_turn(audio, None, controls=json.dumps(controls))
     started = time.perf_counter()
@@ -129,13 +131,15 @@ def local_turn(stages: Stages, audio: np.ndarray, controls: dict[str, Any], figu
 
     final = run_turn(request, stages, emit, lambda: "")
     figures.full_reply_s = time.perf_counter() - started
-    figures.transcript, figures.reply = final.transcript, final.text
+    figures.transcript, figures.reply = final.transcript, final.reply
     figures.error = "; ".join(final.errors)
     figures.first_audio_s = arrivals[0][0] if arrivals else figures.full_reply_s
     _stream_figures(figures, arrivals, frames, final.timings)
 
 
-def triton_turn(url: str, audio: np.ndarray, controls: dict[str, Any], figures) -> None:
+def triton_turn(
+    url: str, audio: np.ndarray, controls: dict[str, Any], figures: TurnFigures
+) -> None:
     """One turn over the `avatar` gRPC stream; arrival times give the playback stall."""
     from clients.avatar_stream import stream_turn
 
@@ -161,7 +165,7 @@ def triton_turn(url: str, audio: np.ndarray, controls: dict[str, Any], figures) 
 
 
 def _stream_figures(
-    figures, arrivals: Sequence[Arrival], frames: int, timings: dict[str, Any]
+    figures: TurnFigures, arrivals: Sequence[Arrival], frames: int, timings: dict[str, Any]
 ) -> None:
     figures.audio_s = sum(a[2] for a in arrivals)
     figures.stall_s = playback_stall((at, start) for at, start, _ in arrivals)

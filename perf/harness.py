@@ -21,9 +21,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from serving.server import EmbeddedServer
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +40,7 @@ class Target:
 
     grpc_url: str
     metrics_url: str = ""  # "" when attached without one
-    server: Any = None  # the serving.server.EmbeddedServer started here, else None
+    server: EmbeddedServer | None = None  # the server started here, None when attached
 
 
 @contextlib.contextmanager

@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     outcomes = run_.outcomes
     with serve(heal=True) as target:
         server, url = target.server, target.grpc_url
+        assert server is not None and server.pid is not None  # started here, not attached
 
         def run(index: int) -> probe.Outcome:
             spoken = args.audio_every and index % args.audio_every == 0

@@ -1,0 +1,104 @@
+"""Real turns in this process: `run_turn` over the stages of `avatar.pipeline.local` (the
+graphs the embedded server runs, under ONNX Runtime, no Triton): the spoken question's
+words in the transcript, reply sentences with audio, ARKit-52 frames on the audio's clock,
+rendered frames, a barge-in that stops the generation, and the served turn hearing and
+saying what the local one does."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from avatar.animation.tables import EMOTIONS
+from avatar.pipeline import FinalEvent, SentenceEvent, TranscriptEvent, parse_turn, run_turn
+from avatar.pipeline.local import local_stages
+
+SHORT = {"max_tokens": 24, "seed": 1}
+
+
+@pytest.fixture(scope="module")
+def stages():
+    from perf.inputs import local_config, local_models
+
+    with local_stages(local_models(render=True), local_config()) as stages:
+        yield stages
+
+
+def run(stages, request, cancelled=lambda events: "") -> tuple[list, FinalEvent]:
+    events: list = []
+    final = run_turn(request, stages, events.append, lambda: cancelled(events))
+    assert events[-1] is final
+    return events, final
+
+
+def sentences(events: list) -> list[SentenceEvent]:
+    return [e for e in events if isinstance(e, SentenceEvent)]
+
+
+@pytest.fixture(scope="module")
+def question() -> np.ndarray:
+    from avatar.audio import reference_speech
+
+    silence = np.zeros(4000, np.float32)
+    return np.concatenate([silence, reference_speech("What is your name?"), silence])
+
+
+def test_spoken_question_in_process(stages, question):
+    request = parse_turn(question, None, "local-spoken", json.dumps(SHORT))
+    events, final = run(stages, request)
+    assert isinstance(events[0], TranscriptEvent)
+    assert "name" in events[0].text.lower(), events[0].text
+    assert final.errors == [] and final.cancelled == ""
+    spoken = sentences(events)
+    assert spoken and final.reply == " ".join(s.text for s in spoken)
+    position = 0.0
+    for s in spoken:
+        assert s.audio.size and s.sample_rate == 22050 and s.fps == 30.0
+        frames = s.blendshapes.shape[0]
+        assert s.blendshapes.shape == (frames, 52) and frames > 5
+        # whole frames of the turn clock: audio padded to them, no gaps between sentences
+        assert frames / s.fps == pytest.approx(s.audio.size / s.sample_rate, abs=1e-3)
+        assert s.start == pytest.approx(position, abs=1e-3)
+        assert s.animation["visemes"] and s.emotion in EMOTIONS  # "auto": the classifier's
+        assert s.frames is None  # render off (the default)
+        position += s.audio.size / s.sample_rate
+    stage_ms, since = final.timings["stage_ms"], final.timings["since_request_ms"]
+    assert all(stage_ms[stage] > 0 for stage in ("asr", "llm", "tts", "animation"))
+    assert 0 < since["transcript"] < since["first_audio"] <= since["total"]
+    assert 0 < final.timings["llm_stats"]["completion_tokens"] <= SHORT["max_tokens"]
+
+
+def test_text_turn_renders_frames_of_the_chosen_face(stages):
+    controls = dict(SHORT, max_tokens=8, render=True, face="cartoon", emotion="happy")
+    request = parse_turn(None, "Say hello.", "", json.dumps(controls))
+    events, final = run(stages, request)
+    assert final.errors == []
+    (first, *_) = sentences(events)
+    assert first.emotion == "happy"
+    assert first.frames.shape == (len(first.blendshapes), 256, 256, 3)  # the cartoon's size
+    assert first.frames.dtype == np.uint8 and first.frames.std() > 0
+
+
+def test_barge_in_stops_the_reply_after_its_first_sentence(stages):
+    budget = 200  # tokens: far more than the first sentence and its speech take
+    controls = json.dumps({"max_tokens": budget})
+    request = parse_turn(None, "Tell me a long story about the sea.", "local-cut", controls)
+    events, final = run(stages, request, lambda seen: "barge-in" if sentences(seen) else "")
+    assert final.cancelled == "barge-in"
+    assert len(sentences(events)) == 1 and final.reply == sentences(events)[0].text
+    assert final.errors == []  # the generation was stopped by its turn id (cut)
+    assert final.timings["llm_stats"]["completion_tokens"] < budget
+
+
+@pytest.mark.server
+def test_the_served_turn_hears_what_the_local_turn_hears(stages, question, triton_server):
+    """The `avatar` model binds the same `run_turn` to BLS calls of the same graphs, with
+    the same ASR settings: the spoken question gives the same transcript both ways."""
+    from clients.avatar_stream import stream_turn
+
+    served = stream_turn(triton_server.grpc_url, audio=question, controls=SHORT)
+    events, _ = run(stages, parse_turn(question, None, "", json.dumps(SHORT)))
+    assert served.error == "" and served.transcript == events[0].text
+    assert served.sentences and sentences(events)

@@ -3,10 +3,10 @@
 Naive baseline (how most avatar projects run): the same turn (`avatar.pipeline.run_turn`:
 ASR -> LLM sentence by sentence -> TTS -> animation, -> frames with --render) over the
 stages in-process (`avatar.pipeline.local`): the graphs the embedded server runs, called
-with ONNX Runtime from the session's own threads, one session's request per call: no
-batching across sessions, and the LLM generates one reply at a time (batch 1, no prefix
-cache). Concurrent sessions are threads sharing those ONNX Runtime sessions (one intra-op
-thread per call, as in the Triton runners): the way a web app with a worker thread per
+with ONNX Runtime, one session's request per call: no batching across sessions (the LLM
+too: each reply's decode steps are its own calls, batch 1) and no LLM prefix cache.
+Concurrent sessions are threads sharing those ONNX Runtime sessions (one intra-op thread
+per call, as in the Triton runners): the way a web app with a worker thread per
 connection calls its models. Threads, not processes, because 8 processes would each load
 every model (~1.5 GB each) and the ORT calls release the GIL anyway; the Python glue does
 contend on the GIL, as it does in such apps.
@@ -251,7 +251,7 @@ def run(url: str, scenario: Scenario) -> BaselineResults:
     from avatar.pipeline.local import local_stages
     from perf.inputs import local_config, local_models
 
-    config = local_config(max_batch=1, prefix_cache_entries=0)  # one reply at a time
+    config = local_config(prefix_cache_entries=0)
     with local_stages(local_models(scenario.render), config) as stages:
         sides: dict[str, TurnFn] = {
             "baseline": functools.partial(local_turn, stages),

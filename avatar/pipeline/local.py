@@ -6,10 +6,11 @@ the core's own engines (Whisper's greedy decoder, the chat engine and its schedu
 VITS synthesizer, the emotion classifier). `run_turn` over these stages is the naive
 baseline of `python -m perf baseline` and what tests run a real turn through.
 
-Each call serves one session's request: nothing is batched across sessions, except that
-the chat engine's scheduler admits up to `EngineConfig.max_batch` generations at once
-(1 = one generation at a time). The caller finds the files (the core does not import
-`export`): `LocalModels` names the ONNX graphs, e.g. the variants the embedded server runs.
+Each call serves one session's request: nothing is batched across sessions. Concurrent
+turns (threads) share the sessions; the chat engine's generations (up to
+`EngineConfig.max_batch`) step side by side, each sequence in its own decoder call. The
+caller finds the files (the core does not import `export`): `LocalModels` names the ONNX
+graphs, e.g. the variants the embedded server runs.
 """
 
 from __future__ import annotations
@@ -18,15 +19,18 @@ import contextlib
 import dataclasses
 import json
 import queue
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from avatar.asr.transcribe import AsrOptions, check_audio, transcribe
+from avatar.llm.cache import PrefixCache
 from avatar.llm.engine import ChatEngine, EngineConfig
 from avatar.llm.scheduler import Event
+from avatar.llm.sequences import KvCacheSequences, SequenceDecoder, Step
 from avatar.pipeline.request import TurnRequest
 from avatar.pipeline.turn import Speech, Stages
 
@@ -63,13 +67,11 @@ def local_stages(models: LocalModels, config: LocalConfig | None = None) -> Iter
     from avatar.llm.tokenizer import Tokenizer
 
     config = config or LocalConfig()
-    chat = _Chat(
-        ChatEngine(
-            OrtDecoder(models.llm_decoder, config.threads),
-            Tokenizer(models.llm_decoder.parent),
-            config.llm,
-        )
+    sequences = KvCacheSequences(
+        OrtDecoder(models.llm_decoder, config.threads), PrefixCache(config.llm.prefix_cache_entries)
     )
+    decoder = _SequenceAtATime(sequences, config.llm.max_batch)
+    chat = _Chat(ChatEngine(decoder, Tokenizer(models.llm_decoder.parent), config.llm))
     stages = Stages(
         transcribe=_transcriber(models, config),
         chat=chat.chat,
@@ -83,6 +85,7 @@ def local_stages(models: LocalModels, config: LocalConfig | None = None) -> Iter
         yield stages
     finally:
         chat.engine.scheduler.stop()
+        decoder.pool.shutdown()
 
 
 def _session(path: Path, threads: int) -> Any:  # -> onnxruntime.InferenceSession
@@ -108,6 +111,26 @@ def _transcriber(models: LocalModels, config: LocalConfig) -> Callable[[np.ndarr
         return result.text
 
     return transcribe_one
+
+
+class _SequenceAtATime(SequenceDecoder):
+    """Each sequence's step in its own decoder call, the calls of one scheduler step in
+    parallel threads: sessions never share a forward pass, yet generate side by side."""
+
+    def __init__(self, sequences: KvCacheSequences, workers: int) -> None:
+        self.sequences = sequences
+        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="local-llm")
+
+    def run(self, steps: Sequence[Step]) -> list[np.ndarray]:
+        if len(steps) == 1:
+            return self.sequences.run(steps)
+        return list(self.pool.map(lambda step: self.sequences.run([step])[0], steps))
+
+    def cached_tokens(self, sequence_id: int) -> int | None:
+        return self.sequences.cached_tokens(sequence_id)
+
+    def release(self, sequence_id: int) -> None:
+        self.sequences.release(sequence_id)
 
 
 class _Chat:

@@ -54,7 +54,7 @@ class LocalConfig:
     """What the served models read from their configs, for the in-process stages."""
 
     asr: AsrOptions = dataclasses.field(default_factory=AsrOptions)
-    # persona, sampling defaults, first clause, batch, prefix cache
+    # persona, sampling defaults, first clause, generations side by side, prefix cache
     llm: EngineConfig = dataclasses.field(default_factory=EngineConfig)
     threads: int = 1  # ONNX Runtime intra-op threads per call, as the embedded runners
 

@@ -1,4 +1,5 @@
-"""The live WebSocket protocol's binary frames (docs/protocol.md is the reference).
+"""The live WebSocket protocol's binary frames (docs/protocol.md is the reference), in the
+core so that the gateway (server side) and clients/live.py (client side) share one format.
 
 Text frames are JSON objects with a "type". Bulk data travels in binary frames whose first
 byte says what they carry; every number is little-endian:

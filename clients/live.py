@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from gateway.protocol import INPUT_RATE, Audio, Frames, mic_message, parse_server_binary
+from avatar.live_protocol import INPUT_RATE, Audio, Frames, mic_message, parse_server_binary
 
 log = logging.getLogger("clients.live")
 CHUNK_S = 0.032

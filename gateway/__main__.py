@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 from gateway.app import run
+from gateway.options import SessionOptions
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -15,12 +16,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument(
-        "--end-silence-s", type=float, default=0.7, help="silence that ends an utterance"
+        "--end-silence-s",
+        type=float,
+        default=SessionOptions.end_silence_s,
+        help="silence that ends an utterance",
     )
     parser.add_argument(
         "--speculate-after-s",
         type=float,
-        default=0.2,
+        default=SessionOptions.speculate_after_s,
         help="start ASR at a pause this long, before the end of speech is confirmed",
     )
     parser.add_argument(
@@ -35,7 +39,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--partial-every-s",
         type=float,
-        default=1.0,
+        default=SessionOptions.partial_every_s,
         help="while the user speaks, transcribe the speech so far every this many seconds "
         "(what two passes agree on is where the transcript at the pause starts)",
     )
@@ -51,12 +55,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--detect-language-s",
         type=float,
-        default=2.0,
+        default=SessionOptions.detect_language_s,
         help="until a session's language is known, its passes while speaking wait for this "
         "much speech (Whisper guesses the language of one second badly)",
     )
-    parser.add_argument("--model", default="avatar", help="the turn model (decoupled)")
-    parser.add_argument("--asr-model", default="asr", help="the speculative transcripts' model")
+    parser.add_argument("--model", default=SessionOptions.model, help="the turn model (decoupled)")
+    parser.add_argument(
+        "--asr-model", default=SessionOptions.asr_model, help="the speculative transcripts' model"
+    )
     parser.add_argument(
         "--portrait",
         type=Path,

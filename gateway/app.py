@@ -14,14 +14,18 @@ from pathlib import Path
 
 from aiohttp import WSMsgType, web
 
-from gateway.protocol import ProtocolError
-from gateway.session import LiveSession, SessionOptions
+from avatar.live_protocol import ProtocolError
+from gateway.hearing import PassBudget
+from gateway.options import SessionOptions
+from gateway.session import LiveSession
+from gateway.triton_client import TritonClient
 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"
 MAX_MESSAGE_BYTES = 1 << 20
-TRITON = web.AppKey("triton", object)
+TRITON = web.AppKey("triton", TritonClient)
 OPTIONS = web.AppKey("options", SessionOptions)
+PASSES = web.AppKey("passes", PassBudget)  # the ASR passes of all its sessions
 PORTRAIT = web.AppKey("portrait", object)  # Path | None: the rig folder
 PORTRAIT_FILES = {"rig.json": "application/json", "photo.png": "image/png"}
 
@@ -32,11 +36,8 @@ async def page(_request: web.Request) -> web.FileResponse:
 
 async def healthz(request: web.Request) -> web.Response:
     """200 when Triton answers and `vad` and `avatar` are ready, else 503 with the reason."""
-    client = request.app[TRITON]
     try:
-        missing = [
-            m for m in ("vad", request.app[OPTIONS].model) if not await client.is_model_ready(m)
-        ]
+        missing = await request.app[TRITON].not_ready()
     except Exception as error:  # Triton unreachable
         return web.json_response({"ready": False, "error": str(error)}, status=503)
     if missing:
@@ -77,7 +78,10 @@ async def portrait_file(request: web.Request) -> web.StreamResponse:
 async def websocket(request: web.Request) -> web.WebSocketResponse:
     ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES, heartbeat=20.0)
     await ws.prepare(request)
-    session = LiveSession(request.app[TRITON], ws.send_json, ws.send_bytes, request.app[OPTIONS])
+    app = request.app
+    session = LiveSession(
+        app[TRITON], ws.send_json, ws.send_bytes, app[OPTIONS], budget=app[PASSES]
+    )
     log.info("session %s connected from %s", session.session_id, request.remote)
     await session.hello()
     try:
@@ -108,13 +112,15 @@ def create_app(
     import tritonclient.grpc.aio as grpcclient
 
     app = web.Application(client_max_size=MAX_MESSAGE_BYTES)
-    app[OPTIONS] = options or SessionOptions()
+    app[OPTIONS] = options = options or SessionOptions()
+    app[PASSES] = PassBudget(options.partial_limit, options.pause_first)
     app[PORTRAIT] = Path(portrait) if portrait is not None else None
 
     async def lifespan(app: web.Application):
-        app[TRITON] = grpcclient.InferenceServerClient(triton_url)
+        client = grpcclient.InferenceServerClient(triton_url)
+        app[TRITON] = TritonClient(client, avatar_model=options.model, asr_model=options.asr_model)
         yield
-        await app[TRITON].close()
+        await client.close()
 
     app.cleanup_ctx.append(lifespan)
     app.router.add_get("/", page)

@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from avatar import live_protocol as protocol
 from clients.live import converse
 from export.asr.clips import clips
 from export.asr.wer import wer
-from gateway import protocol
 
 
 def _ws(base: str) -> str:
@@ -41,28 +41,6 @@ def test_protocol_frames_round_trip() -> None:
     ]:
         with pytest.raises(protocol.ProtocolError, match=match):
             protocol.parse_mic(bad)
-
-
-def test_end_silence_is_a_control_checked_by_the_gateway() -> None:
-    from gateway.session import LiveSession
-
-    sent: list[dict] = []
-
-    async def send_json(message: dict) -> None:
-        sent.append(message)
-
-    async def scenario() -> LiveSession:
-        session = LiveSession(None, send_json, send_json)
-        await session.set_controls({"end_silence_s": 0.4, "fps": 25})
-        for bad in ("soon", True, 0.05, 5):
-            with pytest.raises(protocol.ProtocolError, match="end_silence_s"):
-                await session.set_controls({"end_silence_s": bad})
-        return session
-
-    session = asyncio.run(scenario())
-    assert session.options.end_silence_s == 0.4
-    assert session.endpointer.detector.min_silence == round(0.4 / 0.032)
-    assert sent == [{"type": "controls", "controls": {"fps": 25, "end_silence_s": 0.4}}]
 
 
 def test_portrait_rig_is_served_from_its_folder_and_404_without_one(tmp_path: Path) -> None:
@@ -325,67 +303,3 @@ def test_bad_messages_get_errors_and_the_connection_keeps_serving(gateway: str) 
     ):  # fmt: skip
         assert needle in message, message
     assert got[-1]["type"] == "turn_end" and got[-1]["reply"] and not got[-1]["errors"]
-
-
-class _SlowAsr:
-    """Triton's `asr` as seen by the gateway's asyncio client, answering only when told:
-    which passes were sent, and which the gateway cancelled while they ran."""
-
-    def __init__(self) -> None:
-        self.calls: list[dict] = []
-        self.answer = asyncio.Event()
-
-    async def infer(self, model: str, inputs, outputs=None):
-        call = {"model": model, "prefix": any(i.name() == "prefix" for i in inputs)}
-        self.calls.append(call)
-        try:
-            await self.answer.wait()
-        except asyncio.CancelledError:
-            call["cancelled"] = True
-            raise
-        return _AsrResult()
-
-
-class _AsrResult:
-    def as_numpy(self, name: str) -> np.ndarray:
-        values = {"text": b" Hello.", "detected_language": b"en"}
-        return np.array([[values[name]]], object) if name in values else np.zeros((1, 0), np.int32)
-
-
-def test_a_pass_at_a_pause_cancels_the_passes_while_speaking_and_holds_new_ones() -> None:
-    """The pass at a pause decides when the reply can start; the passes while speaking only
-    give captions. So once one session pauses, the gateway cancels every pass while
-    speaking (any session's: the `asr` model drops a cancelled row at its next step,
-    tests/test_asr_triton.py) and starts none until the pause's pass is done;
-    `--passes-alongside` keeps the old way."""
-    from gateway.session import LiveSession, SessionOptions
-
-    async def scenario(pause_first: bool) -> list[dict]:
-        asr = _SlowAsr()
-        quiet = SessionOptions(detect_language_s=0.0, pause_first=pause_first)
-
-        async def nothing(_):
-            return None
-
-        talking, pausing = (LiveSession(asr, nothing, nothing, quiet) for _ in range(2))
-        speech = [np.zeros(512, np.float32)] * 70  # 2.2 s of "speech" in each endpointer
-        talking.endpointer.chunks = list(speech)
-        pausing.endpointer.chunks = list(speech)
-        talking._partial_pass()  # session 1 is being transcribed while it speaks
-        await asyncio.sleep(0)
-        pausing._speculate(silent_chunks=7)  # session 2 stops for 0.22 s
-        await asyncio.sleep(0.05)
-        talking.endpointer.chunks += [np.zeros(512, np.float32)] * 40
-        talking._partial_pass()  # a second later session 1 is due another pass
-        await asyncio.sleep(0.05)
-        asr.answer.set()
-        result = await pausing.speculation
-        assert result.text == "Hello."
-        await talking.close()
-        await pausing.close()
-        return asr.calls
-
-    first, pause, *later = asyncio.run(scenario(pause_first=True))
-    assert first.get("cancelled") and not pause.get("cancelled") and later == []
-    first, pause, *later = asyncio.run(scenario(pause_first=False))
-    assert not first.get("cancelled") and not pause.get("cancelled") and later == []

@@ -63,7 +63,7 @@ def _sentence(frames: np.ndarray | None = None) -> SentenceEvent:
     )
 
 
-def _grpc_result(tensors: dict[str, np.ndarray]):
+def grpc_result(tensors: dict[str, np.ndarray]):
     """`tensors` as the gRPC client receives them from Triton (a real InferResult)."""
     from tritonclient.grpc import InferResult, service_pb2
     from tritonclient.utils import np_to_triton_dtype, serialize_byte_tensor
@@ -98,7 +98,7 @@ def test_an_event_survives_the_wire(event) -> None:
     for name, array in tensors.items():  # the config's dtype, rank and fixed dims
         spec = schema.OUTPUTS[name]
         assert array.dtype == schema.NUMPY[spec.dtype] and array.ndim == len(spec.dims), name
-    result = _grpc_result(tensors)
+    result = grpc_result(tensors)
     back = schema.outputs_event(
         {t.name: result.as_numpy(t.name) for t in result.get_response().outputs}
     )

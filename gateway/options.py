@@ -1,0 +1,49 @@
+"""The gateway's settings for its sessions (one object per gateway; `python -m gateway`
+reads its flags' defaults here)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from avatar.vad import END_SILENCE_S
+
+
+@dataclasses.dataclass
+class SessionOptions:
+    end_silence_s: float = END_SILENCE_S  # silence that ends an utterance (a control)
+    threshold: float = 0.5  # vad speech probability that starts speech
+    silence_timeout_s: float = 60.0  # a turn silent this long is abandoned with an error
+    model: str = "avatar"
+    asr_model: str = "asr"  # the speculative transcripts' model
+    # Speculative ASR: transcribe at the first pause of this length, while the endpointer
+    # still waits for end_silence_s; the turn then starts from the text at the end of
+    # speech. Speech that resumes discards it. None: the avatar model transcribes.
+    speculate_after_s: float | None = 0.2
+    # Speculative turn: also start the reply from that transcript, in a fork of the
+    # conversation (a new session id with the session's memory), and hold its messages
+    # until the end of speech is confirmed; then they are sent and the conversation goes on
+    # in the fork. Speech that resumes cancels it and leaves the conversation as it was.
+    # Off: with the pause's pass first (below) it gains at the median (python -m perf
+    # latency --settings today spec_turn, two runs: first audio 0.94-0.98x at 1 session,
+    # 0.92x at 2, 0.76-0.81x at 4), but a question with a pause inside starts a reply that
+    # is then cancelled, and its work delays the real one: p95 1.17-1.18x at 1 session
+    # (docs/performance.md 15). On for many short, unhesitating questions per machine.
+    speculate_turn: bool = False
+    # Transcribe while the user speaks: every `partial_every_s` of speech, a pass over the
+    # speech so far (at most `partial_limit` in flight in this gateway, so that they never
+    # take more than that many cores from the turns being answered); what two passes agree
+    # on is where the transcript at the pause starts (the `asr` model's `prefix`), so only
+    # the last words are decoded token by token. None: off.
+    # python -m perf asr-prefix (docs/performance.md section 12): every 1 s keeps the WER
+    # on the human recordings and the packaged voice; every 0.5 s raised it.
+    partial_every_s: float | None = 1.0
+    partial_limit: int = 1
+    # The passes take the language of the session's last utterance; before one is known
+    # they wait for this much speech: Whisper heard the first second of "What time does the
+    # museum open on Sunday?" as Urdu ("وطن دستم مممم...", to its token limit).
+    detect_language_s: float = 2.0
+    # The pass at a pause decides when the reply can start; the passes while speaking only
+    # show captions. So while a pass at a pause runs in this gateway, no pass while speaking
+    # starts, and those running (any session's) are cancelled: the `asr` model drops a
+    # cancelled request's row at its next decoder step. False: they run alongside.
+    pause_first: bool = True

@@ -1,0 +1,159 @@
+"""The gateway's one Triton client (asyncio gRPC): `vad`, `asr` and `avatar` calls that take
+and return typed values, so that nothing else in the gateway builds a tensor. The
+counterpart, across the wire, of avatar/triton/bls.py; the turn's tensors come from
+avatar.pipeline.schema."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from avatar.pipeline import schema
+from avatar.pipeline.events import TurnEvent
+from avatar.vad import OUTPUTS as VAD_OUTPUTS
+from avatar.vad import VadStream
+
+# the page draws the face from the blendshapes: no pixels over the socket
+TURN_OUTPUTS = tuple(name for name in schema.OUTPUTS if name != "video")
+ASR_OUTPUTS = ("text", "tokens", "detected_language")
+
+
+class TurnError(Exception):
+    """The `avatar` model answered a turn with an error, or went silent; the message says
+    which."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Transcript:
+    text: str
+    tokens: list[int]  # Whisper's, for the agreed prefix of the next pass
+    language: str  # detected, or the one asked for
+
+
+def _inputs(arrays: Mapping[str, np.ndarray]) -> list:
+    import tritonclient.grpc.aio as grpcclient
+    from tritonclient.utils import np_to_triton_dtype
+
+    tensors = []
+    for name, value in arrays.items():
+        array = np.ascontiguousarray(value)
+        tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+        tensor.set_data_from_numpy(array)
+        tensors.append(tensor)
+    return tensors
+
+
+def _outputs(names: Sequence[str]) -> list:
+    import tritonclient.grpc.aio as grpcclient
+
+    return [grpcclient.InferRequestedOutput(name) for name in names]
+
+
+def _text(array: np.ndarray) -> str:
+    return array.reshape(-1)[0].decode("utf-8", "replace")
+
+
+class TurnCall:
+    """One turn's gRPC stream on the `avatar` model; `cancel()` ends it on the server (the
+    model sees the cancellation and stops the LLM)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def cancel(self) -> None:
+        self._stream.cancel()
+
+    async def events(self, idle_timeout_s: float) -> AsyncIterator[TurnEvent]:
+        """The turn's events until the stream ends; TurnError on the model's error or when
+        nothing came for `idle_timeout_s` (the stream is then cancelled)."""
+        responses = self._stream.__aiter__()
+        while True:
+            try:
+                result, error = await asyncio.wait_for(responses.__anext__(), idle_timeout_s)
+            except StopAsyncIteration:
+                return
+            except asyncio.TimeoutError:
+                self.cancel()
+                raise TurnError(
+                    f"the avatar sent nothing for {idle_timeout_s:g} s; turn abandoned"
+                ) from None
+            if error is not None:
+                raise TurnError(str(error))
+            names = [tensor.name for tensor in result.get_response().outputs]
+            event = schema.outputs_event({name: result.as_numpy(name) for name in names})
+            if event is not None:
+                yield event
+
+
+class TritonClient:
+    """`client`: a tritonclient.grpc.aio.InferenceServerClient (one per gateway)."""
+
+    def __init__(self, client: Any, *, avatar_model: str = "avatar", asr_model: str = "asr"):
+        self.client, self.avatar_model, self.asr_model = client, avatar_model, asr_model
+        self.vad_model = "vad"
+
+    async def not_ready(self) -> list[str]:
+        """The models the gateway needs that Triton does not report ready."""
+        models = (self.vad_model, self.avatar_model)
+        return [m for m in models if not await self.client.is_model_ready(m)]
+
+    async def speech_prob(self, stream: VadStream, chunk: np.ndarray) -> float:
+        """The `vad` model's speech probability of one chunk [512]; `stream` keeps the
+        session's recurrent state (the server keeps none)."""
+        inputs = {
+            name: value.astype(np.float32) for name, value in stream.inputs(chunk[None]).items()
+        }
+        result = await self.client.infer(
+            self.vad_model, _inputs(inputs), outputs=_outputs(VAD_OUTPUTS)
+        )
+        return float(stream.update({n: result.as_numpy(n) for n in VAD_OUTPUTS})[0])
+
+    async def transcribe(
+        self, audio: np.ndarray, prefix: Sequence[int] = (), language: str | None = None
+    ) -> Transcript:
+        """The `asr` model's transcript of `audio` (16 kHz); `prefix`: the tokens earlier
+        passes agreed on; `language`: None to detect it."""
+        inputs: dict[str, np.ndarray] = {"audio": np.asarray(audio, np.float32)[None]}
+        if prefix:
+            inputs["prefix"] = np.array([list(prefix)], np.int32)
+        if language:
+            inputs["language"] = np.array([[language.encode()]], dtype=object)
+        result = await self.client.infer(
+            self.asr_model, _inputs(inputs), outputs=_outputs(ASR_OUTPUTS)
+        )
+        tokens = [int(t) for t in result.as_numpy("tokens").reshape(-1)]
+        return Transcript(
+            _text(result.as_numpy("text")), tokens, _text(result.as_numpy("detected_language"))
+        )
+
+    def turn(
+        self,
+        *,
+        audio: np.ndarray | None,
+        text: str | None,
+        session_id: str,
+        parent_session_id: str,
+        controls: Mapping[str, Any],
+    ) -> TurnCall:
+        """Start one turn on the `avatar` model (decoupled: one gRPC stream)."""
+        tensors = schema.encode_request(
+            audio=audio,
+            text=text,
+            session_id=session_id,
+            parent_session_id=parent_session_id,
+            controls=controls or {},
+        )
+        request = {
+            "model_name": self.avatar_model,
+            "inputs": _inputs(tensors),
+            "outputs": _outputs(TURN_OUTPUTS),
+        }
+
+        async def requests():
+            yield request
+
+        return TurnCall(self.client.stream_infer(requests()))

@@ -79,7 +79,7 @@ def _first_audio(engine, synth, voice, q: int) -> dict:
     """The first piece of question q's reply (seed q) and its synthesis, in-process."""
     from avatar.tts.synth import Controls
 
-    sampling = json.dumps({"temperature": 0.7, "top_p": 0.9, "seed": q})
+    sampling = json.dumps({"seed": q})  # the engine's default sampling otherwise
     messages = json.dumps([{"role": "user", "content": QUESTIONS[q]}])
     started = time.perf_counter()
     piece = None

@@ -118,7 +118,7 @@ def local_models(render: bool = False) -> LocalModels:
 
 def local_config(**engine: Any) -> LocalConfig:
     """The served models' settings for the in-process stages: the asr windows, the llm's
-    persona, first clause and sampling with the avatar model's reply budget and temperature;
+    persona, first clause and sampling with the avatar model's reply budget;
     `engine`: EngineConfig fields to override (e.g. max_batch=1)."""
     from avatar.asr.greedy import DecodeOptions
     from avatar.asr.transcribe import AsrOptions
@@ -138,7 +138,7 @@ def local_config(**engine: Any) -> LocalConfig:
         window_margin=int(asr["window_margin"]),
     )
     sampling = json.loads(llm["sampling"])
-    sampling.update(max_tokens=int(avatar["max_tokens"]), temperature=float(avatar["temperature"]))
+    sampling.update(max_tokens=int(avatar["max_tokens"]))
     config = EngineConfig(
         persona=llm["persona"],
         context_tokens=int(llm["context_tokens"]),

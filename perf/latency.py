@@ -52,6 +52,7 @@ from pathlib import Path
 
 import numpy as np
 
+from avatar.vad import END_SILENCE_S
 from gateway.process import running_gateway
 from perf.harness import concurrently, playback_stall, serve
 from perf.report import DEFAULT_OUT, plot_bars, write_rows
@@ -371,7 +372,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="release and fp32 need their copies (made when the command starts the server)",
     )
     parser.add_argument("--questions", type=int, default=6, help="per session and setting")
-    parser.add_argument("--end-silence-s", type=float, default=0.7, help="endpointer silence")
+    parser.add_argument(
+        "--end-silence-s", type=float, default=END_SILENCE_S, help="endpointer silence"
+    )
     parser.add_argument("--pause-s", type=float, default=1.0, help="pause after each turn")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.set_defaults(func=command)

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 from grpc_calls import Reply, call, strings
 
+from avatar.pipeline import PipelineConfig
 from perf import probe
 from serving.deployment import build_repository
 from serving.server import EmbeddedServer, ServerOptions
@@ -35,7 +36,7 @@ from serving.supervisor import Supervisor
 pytestmark = pytest.mark.server
 MODELS = ["avatar", "emotion_encoder", "llm", "llm_decoder", "tts", "tts_vits"]
 PARAGRAPH = " ".join(f"Here is sentence number {n} of a long announcement." for n in range(1, 16))
-FALLBACK = "Sorry, I need a moment. Could you say that again?"
+FALLBACK = PipelineConfig.fallback_reply  # the avatar config sets none
 HELLO = {"text": strings("Hello again.")}
 
 

@@ -40,7 +40,7 @@ def _engine(folder: Path, threads: int, persona: str, cache_entries: int) -> Cha
     config = EngineConfig(
         persona=persona,
         prefix_cache_entries=cache_entries,
-        sampling=SamplingParams(temperature=0.7, seed=0, max_tokens=48),
+        sampling=SamplingParams(seed=0, max_tokens=48),
     )
     return ChatEngine(OrtDecoder(folder / "model.onnx", threads), Tokenizer(folder), config)
 

@@ -57,7 +57,6 @@ class TritonPythonModel:
         self.render_batch = params.int("render_batch", 16)
         self._renderer_ready: dict[str, tuple[bool, float]] = {}
         self.max_tokens = params.int("max_tokens", 96)
-        self.temperature = params.float("temperature", 0.7)
         # also the longest silence of a tts stream before the sentence goes without audio
         self.tts_timeout_s = params.float("tts_timeout_s", 30.0)
         self.max_audio_s = params.float("max_audio_seconds", 60.0)
@@ -132,7 +131,6 @@ class TritonPythonModel:
         messages.append({"role": "user", "content": text})
         sampling = {
             "max_tokens": controls.max_tokens or self.max_tokens,
-            "temperature": self.temperature,
             "seed": controls.seed,
         }
         inputs = {

@@ -124,9 +124,11 @@ class Hearing:
         self.budget.add(task)
         task.add_done_callback(self._learn)
 
-    async def _pass(self, audio: np.ndarray, prefix: list[int]) -> Transcript:
+    async def _heard(
+        self, audio: np.ndarray, prefix: list[int], language: str | None
+    ) -> Transcript:
         started = time.monotonic()
-        heard = await self.transcribe(audio, prefix, self.language)
+        heard = await self.transcribe(audio, prefix, language)
         log.debug(
             "asr pass: %.2f s of audio, %d prefix tokens: %.0f ms, %d passes in flight: %r",
             len(audio) / INPUT_RATE,
@@ -135,6 +137,10 @@ class Hearing:
             len(self.budget.speaking),
             heard.text,
         )
+        return heard
+
+    async def _pass(self, audio: np.ndarray, prefix: list[int]) -> Transcript:
+        heard = await self._heard(audio, prefix, self.language)
         if asyncio.current_task() is self.task:  # still this utterance's
             await self._caption(heard.text, audio, at_pause=False)
         return heard
@@ -168,7 +174,7 @@ class Hearing:
 
     async def _pause_pass(self, audio: np.ndarray, prefix: list[int]) -> AtPause:
         with self.budget.pause():
-            heard = await self.transcribe(audio, prefix, None)
+            heard = await self._heard(audio, prefix, None)
         text = heard.text.strip()
         if text:
             self.language = heard.language  # heard over a whole utterance: the passes'

@@ -20,6 +20,7 @@ from avatar.pipeline.request import Controls
 from avatar.vad import (
     CHUNK,
     Endpointer,
+    EndpointEvent,
     SpeechPaused,
     SpeechResumed,
     SpeechStarted,
@@ -138,7 +139,7 @@ class LiveSession:
         self.hearing.close()
         await self.turns.interrupt("closed", notify=False)
 
-    async def _on_endpoint(self, event: object) -> None:
+    async def _on_endpoint(self, event: EndpointEvent) -> None:
         if isinstance(event, SpeechStarted):
             await self.send_json({"type": "speech_start"})
             if self.turns.busy():  # barge-in: the user speaks over the avatar

@@ -10,7 +10,8 @@ from gateway.app import run
 from gateway.options import SessionOptions
 
 
-def main(argv: list[str] | None = None) -> None:
+def command_line() -> argparse.ArgumentParser:
+    """The command line; every session default is SessionOptions'."""
     parser = argparse.ArgumentParser(prog="python -m gateway", description=__doc__)
     parser.add_argument("--triton-url", default="127.0.0.1:8001", help="Triton gRPC address")
     parser.add_argument("--host", default="0.0.0.0")
@@ -75,14 +76,11 @@ def main(argv: list[str] | None = None) -> None:
         choices=["DEBUG", "INFO", "WARNING"],
         help="DEBUG: every ASR pass and its time",
     )
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    run(
-        args.triton_url,
-        args.host,
-        args.port,
+    return parser
+
+
+def session_options(args: argparse.Namespace) -> SessionOptions:
+    return SessionOptions(
         end_silence_s=args.end_silence_s,
         speculate_after_s=None if args.no_speculate else args.speculate_after_s,
         speculate_turn=args.speculate_turn and not args.no_speculate,
@@ -91,8 +89,15 @@ def main(argv: list[str] | None = None) -> None:
         pause_first=not args.passes_alongside,
         model=args.model,
         asr_model=args.asr_model,
-        portrait=args.portrait,
     )
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = command_line().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    run(args.triton_url, session_options(args), args.host, args.port, portrait=args.portrait)
 
 
 if __name__ == "__main__":

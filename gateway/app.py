@@ -134,10 +134,11 @@ def create_app(
 
 def run(
     triton_url: str,
+    options: SessionOptions,
     host: str = "0.0.0.0",
     port: int = 8080,
+    *,
     portrait: Path | None = None,
-    **options,
 ) -> None:
     log.info("gateway on http://%s:%d -> Triton %s", host, port, triton_url)
     if portrait is not None:
@@ -146,5 +147,5 @@ def run(
             log.warning("portrait %s lacks %s: the page will draw its cartoon", portrait, missing)
         else:
             log.info("portrait rig: %s", portrait)
-    app = create_app(triton_url, SessionOptions(**options), portrait)
+    app = create_app(triton_url, options, portrait)
     web.run_app(app, host=host, port=port)

@@ -192,3 +192,13 @@ def test_ping_and_interrupt() -> None:
     socket = asyncio.run(scenario())
     assert socket.sent[0] == {"type": "pong", "t": 7}
     assert _of(socket, "interrupt") == [{"type": "interrupt", "turn": 1, "reason": "client"}]
+
+
+def test_the_command_line_defaults_are_the_session_options() -> None:
+    from gateway.__main__ import command_line, session_options
+
+    assert session_options(command_line().parse_args([])) == SessionOptions()
+    args = command_line().parse_args(["--no-speculate", "--speculate-turn", "--end-silence-s", "1"])
+    off = session_options(args)
+    assert off.speculate_after_s is None and off.partial_every_s is None
+    assert not off.speculate_turn and off.end_silence_s == 1.0

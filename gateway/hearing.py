@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -21,6 +21,9 @@ from avatar.asr.agreement import common_prefix
 from avatar.live_protocol import INPUT_RATE
 from avatar.vad import CHUNK_S
 from gateway.triton_client import Transcript
+
+if TYPE_CHECKING:
+    from gateway.turns import Turn
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +76,7 @@ class AtPause:
 
     text: str
     prefix_tokens: int = 0  # the transcript started from what the passes agreed on
-    turn: Any = None
+    turn: Turn | None = None
 
 
 class Hearing:
@@ -88,8 +91,8 @@ class Hearing:
         *,
         every_s: float | None,
         detect_language_s: float,
-        hold: Callable[[str, int], Any] | None = None,
-        discard: Callable[[Any], None] = lambda turn: None,
+        hold: Callable[[str, int], Turn] | None = None,
+        discard: Callable[[Turn], None] = lambda turn: None,
     ) -> None:
         self.transcribe, self.budget, self.send_json = transcribe, budget, send_json
         self.every = None if every_s is None else max(1, round(every_s / CHUNK_S))

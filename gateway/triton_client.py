@@ -61,8 +61,8 @@ class TurnCall:
     """One turn's gRPC stream on the `avatar` model; `cancel()` ends it on the server (the
     model sees the cancellation and stops the LLM)."""
 
-    def __init__(self, stream: Any) -> None:
-        self._stream = stream
+    def __init__(self, stream: Any, model: str) -> None:
+        self._stream, self.model = stream, model
 
     def cancel(self) -> None:
         self._stream.cancel()
@@ -81,6 +81,9 @@ class TurnCall:
                 raise TurnError(
                     f"the avatar sent nothing for {idle_timeout_s:g} s; turn abandoned"
                 ) from None
+            except Exception as error:  # the stream itself failed (e.g. Triton unreachable)
+                detail = error.details() if hasattr(error, "details") else str(error)  # gRPC's
+                raise TurnError(f"{self.model}: {detail}") from None
             if error is not None:
                 raise TurnError(str(error))
             names = [tensor.name for tensor in result.get_response().outputs]
@@ -156,4 +159,4 @@ class TritonClient:
         async def requests():
             yield request
 
-        return TurnCall(self.client.stream_infer(requests()))
+        return TurnCall(self.client.stream_infer(requests()), self.avatar_model)

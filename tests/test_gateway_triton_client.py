@@ -28,6 +28,8 @@ class FakeStream:
 
     async def _iterate(self):
         for response in self.responses:
+            if isinstance(response, Exception):  # the gRPC stream itself failed
+                raise response
             yield response
         if self.hang:
             await asyncio.Event().wait()
@@ -136,7 +138,7 @@ def test_a_turn_sends_the_schema_inputs_and_yields_typed_events() -> None:
     assert wanted == [n for n in schema.OUTPUTS if n != "video"]  # the page draws the face
 
 
-def test_a_failed_or_silent_turn_raises_turn_error() -> None:
+def test_a_failed_unreachable_or_silent_turn_raises_turn_error() -> None:
     async def events(stream: FakeStream, idle_timeout_s: float = 5.0):
         call = TritonClient(FakeGrpc({}, stream)).turn(
             audio=np.zeros(800), text=None, session_id="s", parent_session_id="", controls={}
@@ -145,6 +147,8 @@ def test_a_failed_or_silent_turn_raises_turn_error() -> None:
 
     with pytest.raises(TurnError, match="server busy"):
         asyncio.run(events(FakeStream([(None, RuntimeError("server busy: 8 turns"))])))
+    with pytest.raises(TurnError, match="avatar: failed to connect"):
+        asyncio.run(events(FakeStream([ConnectionError("failed to connect to all addresses")])))
     silent = FakeStream([(grpc_result(event_tensors(TranscriptEvent("hi"))), None)], hang=True)
     with pytest.raises(TurnError, match=r"sent nothing for 0\.05 s"):
         asyncio.run(events(silent, idle_timeout_s=0.05))

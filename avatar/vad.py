@@ -163,9 +163,11 @@ EndpointEvent = SpeechStarted | SpeechPaused | SpeechResumed | Utterance | TooSh
 
 
 class TurnEndStrategy(Protocol):
-    """When the user's turn ends, decided chunk by chunk (as pipecat's user-turn stop
-    strategies): a silence timeout (`Endpointer`) or, in its place, an end-of-turn model's
-    verdict. A strategy holds no I/O: its caller runs the models and feeds it."""
+    """When the user's turn ends, decided chunk by chunk from the audio and its speech
+    probability, as pipecat's user-turn stop strategies decide it: a silence timeout
+    (`Endpointer`), or in its place another detector with the same methods (e.g. an
+    end-of-turn model such as Smart Turn over the utterance so far). The live gateway takes
+    its strategy from a factory (gateway.session.LiveSession's `endpointing`)."""
 
     @property
     def speaking(self) -> bool:

@@ -11,8 +11,11 @@ demo: artifacts
 	$(VENV)/bin/avatar demo
 live: artifacts
 	$(VENV)/bin/avatar serve --web
+# Every INT8 gate runs here (once per variant and machine: kept beside its artifact), and a
+# verdict that differs from the one the build took fails the run (export/gates.py).
 test: artifacts
 	scripts/setup.sh --tests
+	$(PY) -m export gates
 	$(PY) -m pytest -m "not slow" --durations=25
 lint: setup
 	$(VENV)/bin/ruff format --check . && $(VENV)/bin/ruff check .

@@ -1,4 +1,6 @@
 """`python -m export build [MODEL ...]`: build every model's verified artifacts (cached).
+`python -m export gates [MODEL ...] [--record]`: run every INT8 gate not yet run on this
+machine and check the build's verdicts (export/gates.py).
 `python -m export engines [MODEL ...]`: TensorRT engines of the tensorrt_plan models,
 verified against ONNX Runtime, and the production repository (needs TensorRT + a GPU).
 `python -m export portrait PHOTO`: rig a frontal photo as the avatar's portrait
@@ -13,7 +15,7 @@ import time
 from pathlib import Path
 
 from export.common import cache_root
-from export.registry import RECIPES, ensure_all
+from export.registry import GATES, RECIPES, ensure_all
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,6 +28,15 @@ def main(argv: list[str] | None = None) -> int:
         "--variants",
         action="store_true",
         help="also the precision variants (ASR INT8/FP16, LLM int4) for reports and engines",
+    )
+    gates = sub.add_parser(
+        "gates",
+        help="run the INT8 gates (once per variant and machine); fail where a verdict differs "
+        "from the one the build took",
+    )
+    gates.add_argument("models", nargs="*", help=f"default: all of {sorted(GATES)}")
+    gates.add_argument(
+        "--record", action="store_true", help="write the measured verdicts to export/gates.json"
     )
     sub.add_parser("list", help="list the known recipes")
     engines = sub.add_parser(
@@ -65,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "engines":
         return _engines(args, log)
+    if args.command == "gates":
+        return _gates(args, log)
     unknown = sorted(set(args.models) - set(RECIPES))
     if unknown:
         parser.error(f"unknown models {unknown}; known: {sorted(RECIPES)}")
@@ -79,6 +92,52 @@ def main(argv: list[str] | None = None) -> int:
         time.monotonic() - started,
     )
     return 0
+
+
+def _gates(args: argparse.Namespace, log: logging.Logger) -> int:
+    """Every gate measured here (kept beside its artifact), compared with the verdict the
+    build took (recorded or measured) and with export/gates.json."""
+    from avatar.sidecar import Sidecar
+    from export import gates
+    from export.quantize import VARIANT_FILE
+
+    names = args.models or sorted(GATES)
+    unknown = sorted(set(names) - set(GATES))
+    if unknown:
+        log.error("no INT8 gate for %s; gated: %s", unknown, sorted(GATES))
+        return 2
+    started = time.monotonic()
+    records = gates.load_records()
+    failures = []
+    folders = ensure_all(names)
+    for name, fresh in gates.measure_all(folders, VARIANT_FILE).items():
+        took = Sidecar.load(folders[name]).validation["variants"][VARIANT_FILE]
+        verdict = "passes" if fresh["passes_gate"] else "fails"
+        sys.stdout.write(f"{name}\t{verdict}\t{fresh['why']}\n")
+        if bool(fresh["passes_gate"]) != bool(took["passes_gate"]):
+            failures.append(
+                f"{name}: the gate {verdict} here, but the build took the {took['verdict']} "
+                f"verdict ({took['why']}; measured on {took['measured_on']})"
+            )
+        recorded = records.get(name)
+        if args.record:
+            records[name] = gates.as_record(name, fresh)
+        elif recorded is None:
+            failures.append(f"{name}: no record in {gates.RECORDS.name}: run with --record")
+        elif recorded["sha256"] != fresh["sha256"]:
+            # a changed recipe (record it), or a build that is not reproducible on this CPU
+            log.warning(
+                "%s: this variant (sha256 %s) is not the recorded one (%s): every fresh "
+                "machine measures its gate; if its code changed, run with --record",
+                name, fresh["sha256"][:12], recorded["sha256"][:12],
+            )  # fmt: skip
+    if args.record:
+        gates.write_records(records)
+        log.info("recorded %d verdicts in %s", len(names), gates.RECORDS)
+    log.info("%d gates checked in %.1f s", len(names), time.monotonic() - started)
+    for failure in failures:
+        log.error("%s", failure)
+    return 1 if failures else 0
 
 
 def _engines(args: argparse.Namespace, log: logging.Logger) -> int:

@@ -23,6 +23,26 @@ RECIPES: dict[str, str] = {
     "emotion_encoder": "export.emotion.recipe:EmotionEncoderRecipe",
 }
 
+# Models whose INT8 variant (model.int8.onnx) is judged by a gate: "module:function", the
+# function taking the artifact folder and returning the gate's record (export.gates).
+GATES: dict[str, str] = {
+    "asr_encoder": "export.asr.int8:gate_folder",
+    "asr_decoder": "export.asr.int8:gate_folder",
+    "emotion_encoder": "export.emotion.int8:gate_folder",
+    "lipsync": "export.lipsync.int8:gate_folder",
+    "llm_decoder": "export.llm.recipe:gate_folder",
+    "tts_vits": "export.tts.int8:gate_folder",
+}
+
+
+def gate(name: str) -> Callable[[Path], dict]:
+    """The gate of `name`'s INT8 variant: artifact folder -> the gate's record."""
+    try:
+        module_name, function = GATES[name].split(":")
+    except KeyError:
+        raise KeyError(f"no INT8 gate for model {name!r}; gated: {sorted(GATES)}") from None
+    return getattr(importlib.import_module(module_name), function)
+
 
 def recipe(name: str, variants: bool = False) -> ArtifactRecipe:
     """The recipe of `name`; `variants`: also its precision variants, where it has any

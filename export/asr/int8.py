@@ -58,6 +58,7 @@ from export.asr.human import MissingRecordingsError, human_clips
 from export.asr.weights import packaged_ct2_dir
 from export.asr.wer import corpus_wer
 from export.common import cache_root
+from export.gates import judged
 from export.quantize import VARIANT_FILE, faster, linear_nodes, quantize_qdq, side_by_side
 
 log = logging.getLogger(__name__)
@@ -209,16 +210,32 @@ def calibration_feeds(runtime: WhisperRuntime, vocab: WhisperVocab):
 
 def build_variant(kind: str, out_dir: Path, model) -> dict:
     """`model.int8.onnx` (scheme BUILT) beside the FP32 `model.onnx` of `kind`, its
-    calibration record, and its gate: the sidecar's record of the variant."""
+    calibration record, and its verdict's record (export.gates: recorded, or measured by
+    `gate`): the sidecar's record of the variant."""
     vocab = _vocab()
-    reference = TorchWhisperRuntime(model)
     fp32 = out_dir / fp32_file(kind)
-    fp32_runtime = half_onnx(kind, fp32, reference)  # calibration, then the gate's FP32 side
+    fp32_runtime = half_onnx(kind, fp32, TorchWhisperRuntime(model))
     enc_feeds, dec_feeds, record = calibration_feeds(fp32_runtime, vocab)
     feeds = enc_feeds if kind == "encoder" else dec_feeds
     record.update(scheme=dataclasses.asdict(BUILT), inputs=len(feeds))
     (out_dir / "calibration.json").write_text(json.dumps(record, indent=2))
     _quantize(fp32, out_dir / VARIANT_FILE, feeds, BUILT)
+    return judged(f"asr_{kind}", out_dir / VARIANT_FILE, feeds[0],
+                  lambda: gate(kind, out_dir, model))  # fmt: skip
+
+
+def gate_folder(folder: Path) -> dict:
+    """The gate of the variant in the artifact `folder` (asr_encoder or asr_decoder)."""
+    from avatar.sidecar import Sidecar
+    from export.asr.recipe import EncoderRecipe
+
+    kind = Sidecar.load(folder).model.removeprefix("asr_")
+    return gate(kind, Path(folder), EncoderRecipe().load_model())
+
+
+def gate(kind: str, out_dir: Path, model) -> dict:
+    """WER on the human recordings, FP32 against INT8 of `kind` (the other network in torch),
+    and both timed side by side: the variant's gate record."""
     try:
         humans = gate_clips()
     except MissingRecordingsError as error:  # e.g. an image without the Debian package
@@ -229,9 +246,13 @@ def build_variant(kind: str, out_dir: Path, model) -> dict:
             "scheme": BUILT.name,
             "calibration": "calibration.json",
         }
-    int8_runtime = half_onnx(kind, out_dir / VARIANT_FILE, reference)
+    vocab = _vocab()
+    reference = TorchWhisperRuntime(model)
+    runtimes = {
+        "fp32": half_onnx(kind, out_dir / fp32_file(kind), reference),
+        "int8": half_onnx(kind, out_dir / VARIANT_FILE, reference),
+    }
     longs, speech = long_form_set()
-    runtimes = {"fp32": fp32_runtime, "int8": int8_runtime}
     sets = {
         "short": {n: word_error_rate(r, vocab, humans) for n, r in runtimes.items()},
         "long_form": {n: long_form_wer(r, vocab, longs, speech) for n, r in runtimes.items()},

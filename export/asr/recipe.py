@@ -48,6 +48,7 @@ class _WhisperRecipe(ArtifactRecipe):
         HERE / "weights.py",
         HERE.parent / "onnx_edit.py",
         HERE.parent / "quantize.py",
+        HERE.parent / "gates.py",
         HERE.parent / "vad" / "recipe.py",  # the gate's long-form set is cut by the VAD
         *(HERE / f for f in ("int8.py", "clips.py", "human.py", "wer.py", "report.py")),
     )
@@ -64,7 +65,7 @@ class _WhisperRecipe(ArtifactRecipe):
             return {p.name: sha256_file(p) for p in packaged_parts()} | extra
         return {"source": str(self.source)} | extra
 
-    def _model(self):  # -> WhisperForConditionalGeneration
+    def load_model(self):  # -> WhisperForConditionalGeneration
         import torch
 
         from export.asr.weights import load_whisper
@@ -111,7 +112,7 @@ class EncoderRecipe(_WhisperRecipe):
 
         from export.asr.modules import WhisperEncoderExport
 
-        model = self._model()
+        model = self.load_model()
         module = WhisperEncoderExport(model).eval()
         n_mels = model.config.num_mel_bins
         trace = torch.randn(2, n_mels, 3000)
@@ -188,7 +189,7 @@ class DecoderRecipe(_WhisperRecipe):
 
         from export.asr.modules import WhisperDecoderExport, WhisperEncoderExport
 
-        model = self._model()
+        model = self.load_model()
         module = WhisperDecoderExport(model).eval()
         cfg = model.config
         layers, heads = cfg.decoder_layers, cfg.decoder_attention_heads

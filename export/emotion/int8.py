@@ -33,6 +33,7 @@ import numpy as np
 from avatar.animation.emotion_classifier import EmotionClassifier, SentenceTokenizer
 from avatar.animation.tables import EMOTIONS
 from export.common import onnx_session
+from export.gates import judged
 from export.quantize import (
     VARIANT_FILE,
     built_record,
@@ -115,8 +116,14 @@ def gate(fp32_path: Path, int8_path: Path) -> dict:
     }
 
 
+def gate_folder(folder: Path) -> dict:
+    """The gate of the variant in the artifact `folder`."""
+    return gate(Path(folder) / "model.onnx", Path(folder) / VARIANT_FILE)
+
+
 def build_variant(out_dir: Path) -> dict:
-    """model.onnx in `out_dir` -> model.int8.onnx + calibration.json; returns the gate record."""
+    """model.onnx in `out_dir` -> model.int8.onnx + calibration.json; returns its verdict's
+    record (export.gates: recorded, or measured by `gate`)."""
     from training.emotion.train import load_sentences
 
     out_dir = Path(out_dir)
@@ -126,15 +133,17 @@ def build_variant(out_dir: Path) -> dict:
     )
     tokenize = SentenceTokenizer()
     source = out_dir / "model.onnx"
+    feeds = [tokenize([text]) for text in sentences]
     quantize_qdq(
         source,
         out_dir / VARIANT_FILE,
-        (tokenize([text]) for text in sentences),
+        feeds,
         ops=["MatMul"],
         nodes=[n for n in linear_nodes(source) if not any(k in n for k in SKIP)],
         symmetric=False,
     )
-    return logged("emotion_encoder", gate(source, out_dir / VARIANT_FILE))
+    return logged("emotion_encoder", judged("emotion_encoder", out_dir / VARIANT_FILE, feeds[0],
+                                            lambda: gate_folder(out_dir)))  # fmt: skip
 
 
 def main() -> None:

@@ -64,6 +64,7 @@ class EmotionEncoderRecipe(ArtifactRecipe):
         Path(__file__).parents[2] / "training" / "emotion" / "encoder.py",
         Path(__file__).parents[1] / "onnx_edit.py",
         Path(__file__).parents[1] / "quantize.py",
+        Path(__file__).parents[1] / "gates.py",
         Path(__file__).with_name("int8.py"),
     )
 

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from export.common import onnx_session
+from export.gates import judged
 from export.quantize import VARIANT_FILE, built_record, faster, logged, quantize_qdq, side_by_side
 
 log = logging.getLogger(__name__)
@@ -117,8 +118,14 @@ def gate(fp32_path: Path, int8_path: Path) -> dict:
     }
 
 
+def gate_folder(folder: Path) -> dict:
+    """The gate of the variant in the artifact `folder`."""
+    return gate(Path(folder) / "model.onnx", Path(folder) / VARIANT_FILE)
+
+
 def build_variant(out_dir: Path) -> dict:
-    """model.onnx in `out_dir` -> model.int8.onnx + calibration.json; returns the gate record."""
+    """model.onnx in `out_dir` -> model.int8.onnx + calibration.json; returns its verdict's
+    record (export.gates: recorded, or measured by `gate`)."""
     import onnx
 
     out_dir = Path(out_dir)
@@ -138,15 +145,10 @@ def build_variant(out_dir: Path) -> dict:
     )
     graph = onnx.load(str(source), load_external_data=False).graph
     convs = [n.name for n in graph.node if n.op_type == "Conv" and not n.name.startswith(FRONT_END)]
-    quantize_qdq(
-        source,
-        out_dir / VARIANT_FILE,
-        ({"audio": u.audio[None].astype(np.float32)} for u in utts),
-        ops=["Conv"],
-        nodes=convs,
-        symmetric=False,
-    )
-    return logged("lipsync", gate(source, out_dir / VARIANT_FILE))
+    feeds = [{"audio": u.audio[None].astype(np.float32)} for u in utts]
+    quantize_qdq(source, out_dir / VARIANT_FILE, feeds, ops=["Conv"], nodes=convs, symmetric=False)
+    variant = out_dir / VARIANT_FILE
+    return logged("lipsync", judged("lipsync", variant, feeds[0], lambda: gate(source, variant)))
 
 
 def main() -> None:

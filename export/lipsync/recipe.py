@@ -71,6 +71,7 @@ class LipsyncRecipe(ArtifactRecipe):
         Path(__file__).parents[2] / "networks" / "lipsync.py",
         Path(__file__).parents[1] / "onnx_edit.py",
         Path(__file__).parents[1] / "quantize.py",
+        Path(__file__).parents[1] / "gates.py",
         Path(__file__).with_name("int8.py"),
         Path(__file__).parents[2] / "training" / "lipsync" / "evaluate.py",  # the INT8 gate
     )

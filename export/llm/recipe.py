@@ -20,9 +20,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
 from avatar.llm.decoder import OrtDecoder
 from avatar.sidecar import Sidecar, sha256_file
 from export.common import ArtifactRecipe, describe_onnx, ensure
+from export.gates import judged
 from export.llm import convert, decoder_onnx, verify
 from export.quantize import VARIANT_FILE, logged, side_by_side
 
@@ -58,6 +61,7 @@ class LlmDecoderRecipe(ArtifactRecipe):
         Path(verify.__file__),
         Path(__file__).parents[2] / "avatar" / "llm" / "decoder.py",
         Path(__file__).parents[1] / "quantize.py",
+        Path(__file__).parents[1] / "gates.py",
     )
 
     def __init__(
@@ -147,13 +151,29 @@ class LlmDecoderRecipe(ArtifactRecipe):
         return validation
 
     def _int8(self, out_dir: Path, fp32: OrtDecoder, tokenizer, prompts) -> dict:
-        """8-bit weight-only variant, gated on held-out perplexity and first tokens; greedy
-        and first-sentence agreement and the decode step's speed recorded beside."""
-        from training.emotion.train import load_sentences
-
+        """8-bit weight-only variant and its verdict's record (export.gates: recorded, or
+        measured by `int8_gate`)."""
         path = out_dir / VARIANT_FILE
         quantize_weights(out_dir / "model.onnx", path, bits=8)
-        int8 = OrtDecoder(path)
+        ids = np.asarray([prompts[0]], np.int64)
+        probe = {  # the first prompt's prefill
+            "input_ids": ids,
+            "attention_mask": np.ones_like(ids),
+            "position_ids": np.arange(ids.shape[1], dtype=np.int64)[None],
+        }
+        probe.update(zip(fp32.layout.past_names(), fp32.layout.empty(1), strict=True))
+
+        def gate() -> dict:
+            return self.int8_gate(out_dir, fp32, tokenizer, prompts)
+
+        return judged("llm_decoder", path, probe, gate, outputs=["logits"])
+
+    def int8_gate(self, out_dir: Path, fp32: OrtDecoder, tokenizer, prompts) -> dict:
+        """The 8-bit variant gated on held-out perplexity and first tokens; greedy and
+        first-sentence agreement and the decode step's speed recorded beside."""
+        from training.emotion.train import load_sentences
+
+        int8 = OrtDecoder(out_dir / VARIANT_FILE)
         record: dict = {"quantization": "MatMulNBits 8-bit, asymmetric, blocks of 32, int8 "
                         "compute (accuracy level 4); lm_head fp32",
                         "tensorrt": False}  # fmt: skip  # MatMulNBits: ONNX Runtime only
@@ -215,6 +235,18 @@ class LlmDecoderRecipe(ArtifactRecipe):
         record["passes_gate"] = bool(exact >= VARIANT_GATE and independent.all_equal)
         log.info("int4 variant: exact %.2f, rows independent %s", exact, independent.all_equal)
         return record
+
+
+def gate_folder(folder: Path) -> dict:
+    """The gate of the 8-bit variant in the artifact `folder`."""
+    from avatar.llm.tokenizer import Tokenizer
+
+    recipe = LlmDecoderRecipe()
+    tokenizer = Tokenizer(folder)
+    prompts = verify.chat_prompts(tokenizer, recipe.prompts)
+    return recipe.int8_gate(
+        Path(folder), OrtDecoder(Path(folder) / "model.onnx"), tokenizer, prompts
+    )
 
 
 def quantize_weights(source: Path, target: Path, bits: int, block: int = INT4_BLOCK) -> None:

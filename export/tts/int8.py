@@ -28,6 +28,7 @@ from avatar.tts.phonemes import Phonemizer, prepare
 from avatar.tts.synth import Controls, Synthesizer, batch_inputs, onnx_infer
 from avatar.tts.voice import packaged_voice
 from export.common import onnx_session
+from export.gates import judged
 from export.quantize import VARIANT_FILE, faster, logged, quantize_qdq, side_by_side
 from export.tts.intelligibility import WER_SENTENCES, rtf, transcriber, word_errors
 
@@ -48,14 +49,16 @@ MAX_LENGTH_CHANGE = 0.05  # of a sentence's audio length
 ROUNDS = 3
 
 
-def quantize(source: Path, out: Path) -> None:
-    """`source` (the FP32 export) -> INT8 Q/DQ `out`, calibrated on CALIBRATION_SENTENCES."""
+def quantize(source: Path, out: Path) -> dict[str, np.ndarray]:
+    """`source` (the FP32 export) -> INT8 Q/DQ `out`, calibrated on CALIBRATION_SENTENCES;
+    returns the first calibration feed (the verdict's probe)."""
     voice = packaged_voice()
     phonemizer = Phonemizer(voice.config)
     controls = Controls.defaults(voice.config, seed=99)
     chunks = [c for s in CALIBRATION_SENTENCES for c in prepare(s, phonemizer).chunks]
     feeds = [batch_inputs([c.ids], [controls]) for c in chunks]
     quantize_qdq(source, out, feeds, ops=["Conv", "ConvTranspose", "MatMul"])
+    return feeds[0]
 
 
 def gate(fp32_path: Path, int8_path: Path) -> dict:
@@ -116,11 +119,18 @@ def gate(fp32_path: Path, int8_path: Path) -> dict:
     }
 
 
+def gate_folder(folder: Path) -> dict:
+    """The gate of the variant in the artifact `folder`."""
+    return gate(Path(folder) / "model.onnx", Path(folder) / VARIANT_FILE)
+
+
 def build_variant(out_dir: Path) -> dict:
-    """model.onnx in `out_dir` -> model.int8.onnx + calibration.json; returns the gate record."""
+    """model.onnx in `out_dir` -> model.int8.onnx + calibration.json; returns its verdict's
+    record (export.gates: recorded, or measured by `gate`)."""
     out_dir = Path(out_dir)
     (out_dir / CALIBRATION_FILE).write_text(
         json.dumps({"method": "MinMax", "seed": 99, "sentences": CALIBRATION_SENTENCES}, indent=1)
     )
-    quantize(out_dir / "model.onnx", out_dir / VARIANT_FILE)
-    return logged("tts_vits", gate(out_dir / "model.onnx", out_dir / VARIANT_FILE))
+    probe = quantize(out_dir / "model.onnx", out_dir / VARIANT_FILE)
+    return logged("tts_vits", judged("tts_vits", out_dir / VARIANT_FILE, probe,
+                                     lambda: gate_folder(out_dir)))  # fmt: skip

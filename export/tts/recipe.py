@@ -180,6 +180,7 @@ class VitsRecipe(ArtifactRecipe):
         Path(__file__).with_name("int8.py"),
         Path(__file__).with_name("intelligibility.py"),
         Path(__file__).parents[1] / "quantize.py",
+        Path(__file__).parents[1] / "gates.py",
     )
 
     def __init__(self, source: Path | None = None):

@@ -177,6 +177,10 @@ class TurnEndStrategy(Protocol):
     def heard_s(self) -> float:
         """Seconds of the utterance so far (pre-roll included); 0 outside one."""
 
+    @property
+    def paused(self) -> bool:
+        """A pause was reported (SpeechPaused) and speech has not resumed."""
+
     def audio(self) -> np.ndarray:
         """The utterance so far (pre-roll included); empty outside one."""
 
@@ -209,7 +213,7 @@ class Endpointer:
         self.max_chunks = round(max_utterance_s / CHUNK_S)
         self.pause = None if pause_s is None else max(1, round(pause_s / CHUNK_S))
         self.chunks: list[np.ndarray] = []  # since the pre-roll before the current speech
-        self.paused = False  # a SpeechPaused was reported and speech has not resumed
+        self.paused = False
 
     @property
     def speaking(self) -> bool:

@@ -173,9 +173,10 @@ class Hearing:
         """The first pause: transcribe the utterance so far (and start its held turn),
         while the end of speech is still being confirmed."""
         if self.at_pause is None:
-            self.at_pause = asyncio.create_task(self._pause_pass(audio, self.prefix))
+            self.at_pause = asyncio.create_task(self._pause_pass(audio))
 
-    async def _pause_pass(self, audio: np.ndarray, prefix: list[int]) -> AtPause:
+    async def _pause_pass(self, audio: np.ndarray) -> AtPause:
+        prefix = self.prefix  # read when it runs: a pass that has just ended may have agreed
         with self.budget.pause():
             heard = await self._heard(audio, prefix, None)
         text = heard.text.strip()

@@ -95,7 +95,9 @@ class LiveSession:
         kind = message["type"]
         if kind == "text":
             text = protocol.typed_text(message)
-            self.hearing.drop()  # a typed turn supersedes what the microphone started
+            self.hearing.drop()  # a typed turn supersedes what the microphone started...
+            if self.endpointer.paused:  # ...but the utterance being spoken goes on
+                self.hearing.paused(self.endpointer.audio())
             await self.turns.start(text=text)
         elif kind == "controls":
             await self.set_controls(message.get("controls"))

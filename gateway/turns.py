@@ -154,18 +154,23 @@ class TurnManager:
         try:
             async for event in turn.call.events(self.silence_timeout_s):
                 if await self._forward(turn, event, started):
-                    break
+                    return
         except TurnError as error:
             await self._json(turn, {"type": "error", "turn": turn.number, "message": str(error)})
             await self._json(turn, protocol.turn_end(turn.number, None, "error"))
+            return
         except asyncio.CancelledError:
             await self._json(turn, protocol.turn_end(turn.number, None, turn.cancelled or "closed"))
             raise
         finally:
             turn.call.cancel()
+        if turn.cancelled:  # the stream ended at its cancellation before the task was told
+            await self._json(turn, protocol.turn_end(turn.number, None, turn.cancelled))
 
     async def _forward(self, turn: Turn, event: TurnEvent, started: float) -> bool:
         """One event -> protocol messages; True after the final one."""
+        if turn.cancelled:  # interrupted: nothing of it follows the `interrupt` message
+            return False
         if isinstance(event, TranscriptEvent):
             await self._json(
                 turn,

@@ -33,13 +33,14 @@ class Turn:
     first_audio_at: float | None = None
     cancelled: str = ""
     held: list[tuple[str, Any]] | None = None  # messages kept until the turn is confirmed
+    ending: bool = False  # its stream is over and its turn_end is being sent: let it be
 
     def stop(self, reason: str) -> None:
         """Mark it cancelled and stop its work, here and on the server."""
         self.cancelled = reason
         if self.call is not None:
             self.call.cancel()  # the avatar model sees the cancellation; the LLM stops
-        if self.task is not None:
+        if self.task is not None and not self.ending:
             self.task.cancel()
 
 
@@ -156,6 +157,7 @@ class TurnManager:
                 if await self._forward(turn, event, started):
                     return
         except TurnError as error:
+            turn.ending = True
             await self._json(turn, {"type": "error", "turn": turn.number, "message": str(error)})
             await self._json(turn, protocol.turn_end(turn.number, None, "error"))
             return
@@ -164,6 +166,7 @@ class TurnManager:
             raise
         finally:
             turn.call.cancel()
+        turn.ending = True
         if turn.cancelled:  # the stream ended at its cancellation before the task was told
             await self._json(turn, protocol.turn_end(turn.number, None, turn.cancelled))
 
@@ -179,6 +182,7 @@ class TurnManager:
         elif isinstance(event, SentenceEvent):
             await self._sentence(turn, event, started)
         elif isinstance(event, FinalEvent):
+            turn.ending = True
             await self._json(turn, protocol.turn_end(turn.number, event, turn.cancelled))
             return True
         return False

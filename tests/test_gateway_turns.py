@@ -210,3 +210,30 @@ def test_a_failed_turn_says_why_and_ends() -> None:
         {"type": "error", "turn": 1, "message": "avatar: invalid request: text is empty"},
         {"type": "turn_end", "turn": 1, "cancelled": "error"},
     ]
+
+
+def test_nothing_of_an_interrupted_turn_follows_its_interrupt_message() -> None:
+    """Events still arriving while the stop message is being sent are dropped, the final
+    one included: the turn ends with only its reason."""
+
+    class SlowSocket(Socket):
+        async def send_json(self, message: dict) -> None:
+            for _ in range(10):  # a busy socket: other tasks run meanwhile
+                await asyncio.sleep(0)
+            await super().send_json(message)
+
+    async def scenario():
+        events = [sentence(0), sentence(1, 0.5), sentence(2, 1.0), final()]
+        triton, socket = FakeTriton(turn_events=events), SlowSocket()
+        turns = _manager(triton, socket)
+        turn = await turns.start(text="Tell me more.")
+        while not any(isinstance(m, Audio) for m in socket.sent):
+            await asyncio.sleep(0)
+        await turns.interrupt("barge-in")
+        await asyncio.sleep(0.01)
+        return socket, turn
+
+    socket, turn = asyncio.run(scenario())
+    stop = socket.sent.index({"type": "interrupt", "turn": 1, "reason": "barge-in"})
+    assert socket.sent[stop + 1 :] == [{"type": "turn_end", "turn": 1, "cancelled": "barge-in"}]
+    assert turn.task.done()

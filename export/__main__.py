@@ -124,12 +124,14 @@ def _gates(args: argparse.Namespace, log: logging.Logger) -> int:
             records[name] = gates.as_record(name, fresh)
         elif recorded is None:
             failures.append(f"{name}: no record in {gates.RECORDS.name}: run with --record")
-        elif recorded["sha256"] != fresh["sha256"]:
-            # a changed recipe (record it), or a build that is not reproducible on this CPU
+        elif (recorded["sha256"], recorded["gate_code"]) != (fresh["sha256"], fresh["gate_code"]):
+            # a changed recipe or gate (record it), or a build not reproducible on this CPU
             log.warning(
-                "%s: this variant (sha256 %s) is not the recorded one (%s): every fresh "
-                "machine measures its gate; if its code changed, run with --record",
-                name, fresh["sha256"][:12], recorded["sha256"][:12],
+                "%s: this variant and gate (sha256 %s, gate %s) are not the recorded ones "
+                "(%s, %s): every fresh machine measures its gate; if the code changed, run "
+                "with --record",
+                name, fresh["sha256"][:12], fresh["gate_code"], recorded["sha256"][:12],
+                recorded["gate_code"],
             )  # fmt: skip
     if args.record:
         gates.write_records(records)

@@ -2,16 +2,17 @@
 
 A variant's gate (word error rate on human speech, visemes on held-out sentences, what users
 hear, perplexity) takes minutes per model, and five of them on a fresh machine held its first
-demo for 20 minutes. A verdict depends on two things only: the variant's file and the
-numerics of the CPU that runs it. So:
+demo for 20 minutes. A verdict depends on three things only: the variant's file, the
+gate's code, and the numerics of the CPU that runs it. So:
 
-- `gates.json` (committed beside this module) records, per model, the variant's sha256, its
-  outputs on one fixed probe input, and the gate's record as measured;
-- a build whose variant has the recorded sha256 runs the probe (well under a second) and,
-  when this CPU's outputs agree with the recorded ones (`probe_differs`), takes the recorded
-  verdict: `"verdict": "recorded"` in the sidecar;
-- otherwise (a changed variant, a CPU whose numerics differ, or AVATAR_GATES=run) it runs
-  the gate: `"verdict": "measured"`;
+- `gates.json` (committed beside this module) records, per model, the variant's sha256, the
+  gate's code (`gate_code`: a digest of every project module the gate imports), its outputs
+  on one fixed probe input, and the gate's record as measured;
+- a build whose variant and gate code are the recorded ones runs the probe (well under a
+  second) and, when this CPU's outputs agree with the recorded ones (`probe_differs`), takes
+  the recorded verdict: `"verdict": "recorded"` in the sidecar;
+- otherwise (a changed variant or gate, a CPU whose numerics differ, or AVATAR_GATES=run) it
+  runs the gate: `"verdict": "measured"`;
 - `python -m export gates` runs every gate that has not run on this machine (its record is
   kept beside the artifact, GATE_FILE) and fails when a verdict differs from the sidecar's;
   `--record` writes what it measured into `gates.json`. `make test` runs it: CI runs every
@@ -44,7 +45,43 @@ PROBE_VALUES = 256  # output values kept per probe output (evenly spaced)
 # saturates moves many values by much more.
 PROBE_ATOL = 0.01
 PROBE_OUTLIERS = 0.02
-PROVENANCE = ("verdict", "measured_on", "sha256", "probe")  # added to a gate's own record
+PROVENANCE = ("verdict", "measured_on", "sha256", "gate_code", "probe")  # added to a gate's record
+
+
+def gate_code(model: str) -> str:
+    """A digest of the gate of `model`: its module and every project module it imports,
+    transitively (a changed metric or data set changes the verdict's key)."""
+    import ast
+    import hashlib
+
+    from export.registry import GATES
+
+    root = Path(__file__).resolve().parents[1]
+    todo, seen = [GATES[model].split(":")[0]], {}
+    while todo:
+        name = todo.pop()
+        path = _module_file(root, name)
+        if path is None or path in seen.values():
+            continue
+        seen[name] = path
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                todo += [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                todo += [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+    digest = hashlib.sha256()
+    for path in sorted(seen.values()):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _module_file(root: Path, name: str) -> Path | None:
+    """The source file of the project module `name`, or None (not ours, or not a module)."""
+    base = root.joinpath(*name.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
 
 
 def cpu_name() -> str:
@@ -107,12 +144,15 @@ def judged(
     *,
     outputs: Sequence[str] | None = None,
     records: Mapping[str, dict[str, Any]] | None = None,
+    code: str | None = None,
 ) -> dict:
-    """The sidecar record of `model`'s `variant`: the recorded verdict where this file and
-    this CPU's numerics are those it was measured with, else `gate()` measured now."""
+    """The sidecar record of `model`'s `variant`: the recorded verdict where this file, this
+    gate (`code`, default `gate_code(model)`) and this CPU's numerics are those it was
+    measured with, else `gate()` measured now."""
     from export.common import onnx_session
 
     records = load_records() if records is None else records
+    code = gate_code(model) if code is None else code
     sha = sha256_file(variant)
     probe = probe_outputs(onnx_session(variant, threads=1), probe_feed, outputs)
     recorded = records.get(model)
@@ -123,6 +163,8 @@ def judged(
         why = "no recorded verdict"
     elif recorded["sha256"] != sha:
         why = f"the variant (sha256 {sha[:12]}) is not the recorded {recorded['sha256'][:12]}"
+    elif recorded["gate_code"] != code:
+        why = f"the gate's code changed since its verdict was recorded ({code})"
     else:
         why = probe_differs(probe, recorded["probe"])
         if why is not None:
@@ -134,29 +176,30 @@ def judged(
             "verdict": "recorded",
             "measured_on": recorded["cpu"],
             "sha256": sha,
+            "gate_code": code,
             "probe": probe,
         }
     log.info("%s: running the INT8 gate (%s)", model, why)
-    return _measured(gate(), sha, probe)
+    return _measured(gate(), sha, code, probe)
 
 
-def _measured(record: dict, sha: str, probe: dict) -> dict:
-    where = {"verdict": "measured", "measured_on": cpu_name(), "sha256": sha, "probe": probe}
-    return {**record, **where}
+def _measured(record: dict, sha: str, code: str, probe: dict) -> dict:
+    where = {"verdict": "measured", "measured_on": cpu_name(), "sha256": sha, "gate_code": code}
+    return {**record, **where, "probe": probe}
 
 
 def measured(folder: Path, variant_file: str, gate: Callable[[], dict]) -> dict:
-    """The gate of the variant in the artifact `folder` as measured on this machine: the
-    sidecar's record when the build measured it, else GATE_FILE (run and kept once)."""
-    record = Sidecar.load(folder).validation["variants"][variant_file]
-    if record.get("verdict") == "measured":
-        return record
-    kept = folder / GATE_FILE
-    if _measured_here(folder, variant_file):
-        return json.loads(kept.read_text())
-    log.info("%s: running the INT8 gate of %s", folder.parent.name, variant_file)
-    fresh = _measured(gate(), record["sha256"], record["probe"])
-    kept.write_text(json.dumps(fresh, indent=1, default=_json_default))
+    """The gate of the variant in the artifact `folder` as measured on this machine by the
+    gate's code as it is now: the sidecar's record when the build measured it, else
+    GATE_FILE beside it (the gate run once and kept)."""
+    kept = measured_here(folder, variant_file)
+    if kept is not None:
+        return kept
+    sidecar = Sidecar.load(folder)
+    record = sidecar.validation["variants"][variant_file]
+    log.info("%s: running the INT8 gate of %s", sidecar.model, variant_file)
+    fresh = _measured(gate(), record["sha256"], gate_code(sidecar.model), record["probe"])
+    (folder / GATE_FILE).write_text(json.dumps(fresh, indent=1, default=_json_default))
     return fresh
 
 
@@ -167,7 +210,7 @@ def measure_all(folders: Mapping[str, Path], variant_file: str) -> dict[str, dic
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    todo = [n for n, f in folders.items() if not _measured_here(f, variant_file)]
+    todo = [n for n, f in folders.items() if measured_here(f, variant_file) is None]
     workers = min(len(todo), os.cpu_count() or 1)
     results: dict[str, dict] = {}
     if workers > 1:
@@ -178,12 +221,19 @@ def measure_all(folders: Mapping[str, Path], variant_file: str) -> dict[str, dic
     return {n: results.get(n) or _measure(n, f, variant_file) for n, f in folders.items()}
 
 
-def _measured_here(folder: Path, variant_file: str) -> bool:
-    record = Sidecar.load(folder).validation["variants"][variant_file]
-    if record.get("verdict") == "measured":
-        return True
+def measured_here(folder: Path, variant_file: str) -> dict | None:
+    """The record of the variant in `folder` gated on this machine by the gate's code as it
+    is now (by the build, or into GATE_FILE), or None."""
+    sidecar = Sidecar.load(folder)
+    record, code = sidecar.validation["variants"][variant_file], gate_code(sidecar.model)
+    if record.get("verdict") == "measured" and record.get("gate_code") == code:
+        return record
     kept = folder / GATE_FILE
-    return kept.is_file() and json.loads(kept.read_text()).get("sha256") == record["sha256"]
+    if kept.is_file():
+        saved = json.loads(kept.read_text())
+        if saved.get("sha256") == record["sha256"] and saved.get("gate_code") == code:
+            return saved
+    return None
 
 
 def _measure(name: str, folder: Path, variant_file: str) -> dict:
@@ -201,6 +251,7 @@ def as_record(model: str, record: Mapping[str, Any]) -> dict[str, Any]:
     body = {k: v for k, v in record.items() if k not in PROVENANCE}
     return {
         "sha256": record["sha256"],
+        "gate_code": record["gate_code"],
         "cpu": record["measured_on"],
         "probe": record["probe"],
         "record": body,

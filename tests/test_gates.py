@@ -110,10 +110,10 @@ def test_a_verdict_is_taken_from_the_record_only_for_its_file_on_agreeing_numeri
         runs.append(1)
         return {"passes_gate": True, "why": "measured"}
 
-    measured = gates.judged("tiny", variant, probe, gate, records={})
+    measured = gates.judged("tiny", variant, probe, gate, records={}, code="c1")
     assert measured["verdict"] == "measured" and len(runs) == 1
     records = {"tiny": gates.as_record("tiny", measured)}
-    recorded = gates.judged("tiny", variant, probe, gate, records=records)
+    recorded = gates.judged("tiny", variant, probe, gate, records=records, code="c1")
     assert recorded["verdict"] == "recorded" and len(runs) == 1
     assert recorded["passes_gate"] is True and recorded["why"] == "measured"
 
@@ -121,17 +121,37 @@ def test_a_verdict_is_taken_from_the_record_only_for_its_file_on_agreeing_numeri
     other = json.loads(json.dumps(records))
     values = np.asarray(other["tiny"]["probe"]["y"]["values"])
     other["tiny"]["probe"]["y"]["values"] = (values * 1.1 + 0.05).tolist()
-    assert gates.judged("tiny", variant, probe, gate, records=other)["verdict"] == "measured"
+    assert (
+        gates.judged("tiny", variant, probe, gate, records=other, code="c1")["verdict"]
+        == "measured"
+    )
     assert len(runs) == 2
     # one value a quantisation step away (float rounding crossing a step) is tolerated
     near = json.loads(json.dumps(records))
     near["tiny"]["probe"]["y"]["values"][3] += 0.5
-    assert gates.judged("tiny", variant, probe, gate, records=near)["verdict"] == "recorded"
+    assert (
+        gates.judged("tiny", variant, probe, gate, records=near, code="c1")["verdict"] == "recorded"
+    )
     # another file: measured
     stale = json.loads(json.dumps(records))
     stale["tiny"]["sha256"] = "0" * 64
-    assert gates.judged("tiny", variant, probe, gate, records=stale)["verdict"] == "measured"
+    assert (
+        gates.judged("tiny", variant, probe, gate, records=stale, code="c1")["verdict"]
+        == "measured"
+    )
     assert len(runs) == 3
+    # another gate (its metric or data changed): measured
+    assert (
+        gates.judged("tiny", variant, probe, gate, records=records, code="c2")["verdict"]
+        == "measured"
+    )
+    assert len(runs) == 4
+
+
+def test_a_gates_code_is_every_project_module_it_imports() -> None:
+    code = gates.gate_code("lipsync")
+    assert code == gates.gate_code("lipsync") and code != gates.gate_code("tts_vits")
+    assert gates.gate_code("asr_encoder") == gates.gate_code("asr_decoder")  # one module
 
 
 def test_every_gated_model_has_a_record_of_its_variant() -> None:
@@ -140,7 +160,7 @@ def test_every_gated_model_has_a_record_of_its_variant() -> None:
     records = gates.load_records()
     assert sorted(records) == sorted(GATES)
     for name, record in records.items():
-        assert set(record) == {"sha256", "cpu", "probe", "record"}, name
+        assert set(record) == {"sha256", "gate_code", "cpu", "probe", "record"}, name
         assert isinstance(record["record"]["passes_gate"], bool), name
         assert record["probe"], name
 

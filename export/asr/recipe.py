@@ -49,9 +49,9 @@ class _WhisperRecipe(ArtifactRecipe):
         HERE.parent / "onnx_edit.py",
         HERE.parent / "quantize.py",
         HERE.parent / "gates.py",
-        HERE.parent / "vad" / "recipe.py",  # the gate's long-form set is cut by the VAD
-        *(HERE / f for f in ("int8.py", "clips.py", "human.py", "wer.py", "report.py")),
-    )
+        HERE / "int8.py",
+        HERE / "clips.py",  # the INT8 variant's calibration speech
+    )  # the gate's own code (WER, human recordings) keys its verdict: export.gates.gate_code
 
     def __init__(self, source: str | None = None, variants: bool = False):
         self.source = source  # None: the packaged CTranslate2 Whisper base

@@ -73,7 +73,6 @@ class LipsyncRecipe(ArtifactRecipe):
         Path(__file__).parents[1] / "quantize.py",
         Path(__file__).parents[1] / "gates.py",
         Path(__file__).with_name("int8.py"),
-        Path(__file__).parents[2] / "training" / "lipsync" / "evaluate.py",  # the INT8 gate
     )
 
     def __init__(self, weights: Path = WEIGHTS):

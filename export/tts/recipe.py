@@ -178,7 +178,6 @@ class VitsRecipe(ArtifactRecipe):
     code_files = (
         Path(__file__).with_name("graph.py"),
         Path(__file__).with_name("int8.py"),
-        Path(__file__).with_name("intelligibility.py"),
         Path(__file__).parents[1] / "quantize.py",
         Path(__file__).parents[1] / "gates.py",
     )

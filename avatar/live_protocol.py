@@ -24,8 +24,10 @@ import struct
 
 import numpy as np
 
+from avatar.vad import SAMPLE_RATE
+
 MIC, AUDIO, FRAMES = 0x01, 0x02, 0x03
-INPUT_RATE = 16_000
+INPUT_RATE = SAMPLE_RATE  # the microphone's, what the `vad` and `asr` models take
 ARKIT = 52
 POSE = 3
 WIDTH = ARKIT + POSE

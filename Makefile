@@ -1,12 +1,14 @@
 # The README's commands. Each one does all of its own set-up (idempotent, cached).
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# models exported at once, each in its own process
+JOBS ?= $(shell nproc)
 
 .PHONY: setup artifacts demo live test lint perf
 setup:
 	scripts/setup.sh
 artifacts: setup
-	$(PY) -m export build
+	$(PY) -m export build --jobs $(JOBS)
 demo: artifacts
 	$(VENV)/bin/avatar demo
 live: artifacts

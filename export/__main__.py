@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from export.common import cache_root
+from export.common import cache_root, worker_logging
 from export.registry import GATES, RECIPES, ensure_all
 
 
@@ -24,6 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     build = sub.add_parser("build", help="build artifacts (skips those already cached)")
     build.add_argument("models", nargs="*", help=f"default: all of {sorted(RECIPES)}")
     build.add_argument("--force", action="store_true", help="rebuild even if cached")
+    build.add_argument(
+        "--jobs", type=int, default=1, help="build up to this many models at once (processes)"
+    )
     build.add_argument(
         "--variants",
         action="store_true",
@@ -67,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
 
         portrait_main(args.options)
         return 0
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    worker_logging()
     log = logging.getLogger("export")
 
     if args.command == "list":
@@ -82,7 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown models {unknown}; known: {sorted(RECIPES)}")
     started = time.monotonic()
-    folders = ensure_all(args.models or None, force=args.force, variants=args.variants)
+    folders = ensure_all(
+        args.models or None, force=args.force, variants=args.variants, jobs=args.jobs
+    )
     for name, folder in folders.items():
         log.info("%-14s %s", name, folder)
     log.info(

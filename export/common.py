@@ -42,6 +42,11 @@ ONNX_TO_NUMPY = {
 }
 
 
+def worker_logging() -> None:
+    """Logging in a worker process of a parallel build or gate run, as `python -m export`."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+
+
 def cache_root() -> Path:
     """Where built artifacts live: $AVATAR_CACHE, else ~/.cache/triton-avatar (outside git)."""
     root = os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "triton-avatar"

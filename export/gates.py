@@ -210,12 +210,14 @@ def measure_all(folders: Mapping[str, Path], variant_file: str) -> dict[str, dic
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
+    from export.common import worker_logging
+
     todo = [n for n, f in folders.items() if measured_here(f, variant_file) is None]
     workers = min(len(todo), os.cpu_count() or 1)
     results: dict[str, dict] = {}
     if workers > 1:
         context = multiprocessing.get_context("spawn")  # no forked ONNX Runtime thread pools
-        with ProcessPoolExecutor(workers, context, initializer=_worker_logging) as pool:
+        with ProcessPoolExecutor(workers, context, initializer=worker_logging) as pool:
             futures = {n: pool.submit(_measure, n, folders[n], variant_file) for n in todo}
             results = {n: future.result() for n, future in futures.items()}
     return {n: results.get(n) or _measure(n, f, variant_file) for n, f in folders.items()}
@@ -240,10 +242,6 @@ def _measure(name: str, folder: Path, variant_file: str) -> dict:
     from export.registry import gate
 
     return measured(folder, variant_file, lambda: gate(name)(folder))
-
-
-def _worker_logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
 
 def as_record(model: str, record: Mapping[str, Any]) -> dict[str, Any]:

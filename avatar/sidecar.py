@@ -2,7 +2,7 @@
 
 It records what a Triton config must agree with (tensor names, dtypes, dims, which axis
 is the batch) and where the artifact came from (source checksum, opset, validation
-figures). `serving.repository` checks every `config.pbtxt` against it.
+figures). `avatar.model_config` checks every `config.pbtxt` against it.
 """
 
 from __future__ import annotations

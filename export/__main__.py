@@ -148,9 +148,9 @@ def _gates(args: argparse.Namespace, log: logging.Logger) -> int:
 
 
 def _engines(args: argparse.Namespace, log: logging.Logger) -> int:
+    from avatar.model_config import SOURCE_REPOSITORY
     from export.tensorrt.build import EngineVerificationError, build_all
     from export.tensorrt.engine import TensorRTMissingError
-    from serving.deployment import SOURCE_REPOSITORY
 
     try:
         records = build_all(

@@ -25,10 +25,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from evals.report import DEFAULT_OUT
 from perf.analyzer import format_table, input_data_file, sweep, write_csv
 from perf.harness import serve
 from perf.inputs import SAMPLES
-from perf.report import DEFAULT_OUT
 
 log = logging.getLogger("perf")
 RESULTS = DEFAULT_OUT / "sweep"
@@ -68,8 +68,8 @@ def _suite(args: argparse.Namespace) -> int:
 
 
 def _batching(args: argparse.Namespace) -> int:
+    from evals.report import write_rows
     from perf import batching
-    from perf.report import write_rows
 
     results = batching.run(
         args.models,

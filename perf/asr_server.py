@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from evals.report import DEFAULT_OUT, save_results
 from perf.harness import at_concurrency, percentile, serve, warm_up
-from perf.report import DEFAULT_OUT, save_results
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def measure(
     `utterances`: how many of the human recordings (cycled) make one round."""
     from avatar.asr.onnx_runtime import DECODER_STEP_FILE, OnnxWhisperRuntime
     from avatar.asr.vocab import WhisperVocab
-    from export.asr.human import human_clips
+    from evals.recordings import human_clips
     from export.asr.weights import packaged_ct2_dir
     from export.registry import ensure_all
 

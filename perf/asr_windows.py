@@ -29,12 +29,12 @@ from avatar.asr.greedy import DecodeOptions
 from avatar.asr.onnx_runtime import DECODER_STEP_FILE, OnnxWhisperRuntime
 from avatar.asr.transcribe import AsrOptions, transcribe
 from avatar.asr.vocab import WhisperVocab
-from export.asr.clips import Clip, clips
-from export.asr.human import human_clips
+from evals.clips import Clip, clips
+from evals.recordings import human_clips
+from evals.report import DEFAULT_OUT, save_results
+from evals.wer import corpus_wer
 from export.asr.weights import packaged_ct2_dir
-from export.asr.wer import corpus_wer
 from export.registry import ensure_all
-from perf.report import DEFAULT_OUT, save_results
 
 log = logging.getLogger(__name__)
 OUT = DEFAULT_OUT / "asr"

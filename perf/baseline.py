@@ -339,7 +339,7 @@ def format_table(results: BaselineResults) -> str:
 
 
 def save(results: BaselineResults, scenario: Scenario, out: Path) -> list[Path]:
-    from perf.report import plot_bars, write_rows
+    from evals.report import plot_bars, write_rows
 
     out = Path(out)
     meta = {"scenario": dataclasses.asdict(scenario), "ratios": ratios(results.levels)}

@@ -127,7 +127,7 @@ def grid_points(
 
 def rewrite_config(point: BatchPoint, model: str, repository: Path) -> None:
     """Set max_batch_size, the dynamic batcher's delay and the instance count in place."""
-    from serving.repository import parse_config
+    from avatar.model_config import parse_config
 
     path = repository / model / "config.pbtxt"
     config = parse_config(path)
@@ -235,7 +235,7 @@ def load(path: Path) -> list[BatchResult]:
 
 def plot(results: Sequence[BatchResult], folder: Path) -> list[Path]:
     """Per model: throughput vs p95, one line per (instances, delay), points = batch sizes."""
-    from perf.report import plot_throughput_latency
+    from evals.report import plot_throughput_latency
 
     paths = []
     for model in dict.fromkeys(r.model for r in results):

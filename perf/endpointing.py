@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from perf.report import DEFAULT_OUT, save_results
+from evals.report import DEFAULT_OUT, save_results
 
 log = logging.getLogger(__name__)
 OUT = DEFAULT_OUT / "endpointing"
@@ -65,8 +65,8 @@ def endpoints(probs: np.ndarray, end_silence_s: float) -> tuple[int, float | Non
 
 
 def material() -> dict[str, list[np.ndarray]]:
-    from export.asr.clips import synthesize
-    from export.asr.human import human_clips
+    from evals.clips import synthesize
+    from evals.recordings import human_clips
 
     tail = np.zeros(2 * 16_000, np.float32)
     lead = np.zeros(int(0.3 * 16_000), np.float32)

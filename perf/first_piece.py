@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from perf.report import DEFAULT_OUT, save_results
+from evals.report import DEFAULT_OUT, save_results
 
 log = logging.getLogger(__name__)
 OUT = DEFAULT_OUT / "first_piece"

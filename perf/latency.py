@@ -53,9 +53,9 @@ from pathlib import Path
 import numpy as np
 
 from avatar.vad import END_SILENCE_S
+from evals.report import DEFAULT_OUT, plot_bars, write_rows
 from gateway.process import running_gateway
 from perf.harness import concurrently, playback_stall, serve
-from perf.report import DEFAULT_OUT, plot_bars, write_rows
 
 log = logging.getLogger(__name__)
 OUT = DEFAULT_OUT / "latency"
@@ -154,7 +154,7 @@ def add_setting_models(repository: Path, setting: str) -> None:
     """The copies of `setting` (COPIES) beside the materialised models of `repository`."""
     from google.protobuf import text_format
 
-    from serving.repository import parse_config
+    from avatar.model_config import parse_config
 
     for name, values in COPIES[setting].items():
         source, target = repository / name, repository / f"{name}_{setting}"
@@ -184,8 +184,8 @@ def link_beside_artifact(version: Path, name: str) -> None:
 
 def questions() -> list[tuple[str, np.ndarray]]:
     """(source, 16-kHz audio) of the real recordings and the voice's questions."""
-    from export.asr.clips import clips
-    from export.asr.human import human_clips
+    from evals.clips import clips
+    from evals.recordings import human_clips
 
     voice = [c for c in clips()[:-1] if c.text.endswith("?")]
     return [("human", c.audio) for c in human_clips()] + [("voice", c.audio) for c in voice]

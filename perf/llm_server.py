@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from avatar.llm.bench import QUESTIONS
+from evals.report import DEFAULT_OUT, save_results
 from perf.harness import at_concurrency, serve, warm_up
-from perf.report import DEFAULT_OUT, save_results
 
 log = logging.getLogger(__name__)
 

@@ -91,7 +91,7 @@ def format_table(points: Sequence[SweepPoint], failures: Sequence[str] = ()) -> 
 
 def save(points: Sequence[SweepPoint], failures: Sequence[str], out: Path) -> list[Path]:
     """suite.csv/.json/.md, one throughput-latency PNG per model and one with all."""
-    from perf.report import plot_throughput_latency, write_rows
+    from evals.report import plot_throughput_latency, write_rows
 
     out = Path(out)
     meta = {"failures": list(failures)}

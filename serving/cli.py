@@ -14,8 +14,9 @@ import threading
 from collections.abc import Iterable
 from pathlib import Path
 
+from avatar.model_config import RepositoryError
 from serving.deployment import PROJECT_ROOT, build_repository
-from serving.repository import TARGETS, RepositoryError
+from serving.repository import TARGETS
 from serving.server import DEFAULT_KEY_HEADER, PROTOCOLS, EmbeddedServer, ServerOptions
 
 log = logging.getLogger("avatar")

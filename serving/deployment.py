@@ -7,16 +7,12 @@ import logging
 from collections.abc import Iterable
 from pathlib import Path
 
-from serving.repository import MaterializedModel, is_native, materialize, parse_config
+from avatar.model_config import SOURCE_REPOSITORY, is_native, model_names, parse_config
+from serving.repository import MaterializedModel, materialize
 
 log = logging.getLogger(__name__)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-SOURCE_REPOSITORY = PROJECT_ROOT / "model_repository"
-
-
-def model_names(source: Path = SOURCE_REPOSITORY) -> list[str]:
-    return sorted(p.parent.name for p in Path(source).glob("*/config.pbtxt"))
 
 
 def build_repository(

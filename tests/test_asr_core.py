@@ -23,7 +23,7 @@ def vocab() -> WhisperVocab:
 
 @pytest.fixture(scope="module")
 def speech() -> np.ndarray:
-    from export.asr.clips import synthesize
+    from evals.clips import synthesize
 
     return synthesize("What time does the museum open on Sunday?")
 
@@ -170,7 +170,7 @@ def test_windows_in_proportion_to_the_audio_keep_a_margin_of_silence():
 
 
 def test_wer_ignores_case_punctuation_and_digits_vs_words():
-    from export.asr.wer import corpus_wer, wer
+    from evals.wer import corpus_wer, wer
 
     assert wer("ten of clubs", "10 of Clubs.") == 0.0
     assert wer("he was not an ill disposed young man", "He was not an ill-disposed man.") == 1 / 8

@@ -12,9 +12,9 @@ import pytest
 from avatar.asr.onnx_runtime import DECODER_STEP_FILE, OnnxWhisperRuntime
 from avatar.asr.transcribe import transcribe
 from avatar.asr.vocab import WhisperVocab
-from export.asr.clips import clips
-from export.asr.report import long_clip, reference_transcripts
-from export.asr.wer import wer
+from evals.clips import clips, long_clip
+from evals.wer import wer
+from export.asr.report import reference_transcripts
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -86,8 +86,8 @@ def test_transformers_model_transcribes_like_faster_whisper(speech):
 
 
 def test_sidecars_and_configs_agree(artifacts):
+    from avatar.model_config import check_against_sidecar, parse_config
     from avatar.sidecar import Sidecar
-    from serving.repository import check_against_sidecar, parse_config
 
     for folder in artifacts:
         sidecar = Sidecar.load(folder)
@@ -255,7 +255,7 @@ def test_a_looping_short_window_ends_at_its_speech_token_limit(runtime, vocab):
     10 + 10 tokens per second of speech ends it at 20; whole recordings are unchanged."""
     from avatar.asr.greedy import DecodeOptions
     from avatar.asr.transcribe import AsrOptions
-    from export.asr.human import human_clips
+    from evals.recordings import human_clips
 
     served = AsrOptions(window_step=100, window_margin=300)  # the asr model's windows
     uncapped = AsrOptions(

@@ -28,7 +28,7 @@ def whisper():
 
 
 def test_a_prefix_of_whispers_own_words_changes_nothing_and_saves_steps(whisper):
-    from export.asr.clips import clips
+    from evals.clips import clips
 
     runtime, vocab = whisper
     audios = [c.audio for c in clips(3)]
@@ -43,7 +43,7 @@ def test_a_prefix_of_whispers_own_words_changes_nothing_and_saves_steps(whisper)
 
 def test_a_wrong_prefix_is_kept_and_decoding_goes_on_after_it(whisper):
     from avatar.asr.vocab import _tokenizer
-    from export.asr.clips import clips
+    from evals.clips import clips
 
     runtime, vocab = whisper
     clip = clips(1)[0]  # "Hello, how are you today?"
@@ -56,7 +56,7 @@ def test_a_wrong_prefix_is_kept_and_decoding_goes_on_after_it(whisper):
 def test_a_row_whose_caller_gave_up_stops_and_the_others_are_unchanged(whisper):
     """The `asr` model's cancellation (a live pass the gateway no longer needs): the row
     stops at the next decoder step and frees its place; the other rows decode as alone."""
-    from export.asr.clips import clips
+    from evals.clips import clips
 
     runtime, vocab = whisper
     audios = [c.audio for c in clips(3)]

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from export.asr.clips import clips
+from evals.clips import clips
 from export.asr.report import reference_transcripts
 
 pytestmark = pytest.mark.server
@@ -126,8 +126,8 @@ def test_a_prefix_from_an_earlier_pass_gives_the_same_transcript(grpc_url):
 
 
 def test_long_audio_windows_and_vad(grpc_url):
-    from export.asr.report import long_clip
-    from export.asr.wer import wer
+    from evals.clips import long_clip
+    from evals.wer import wer
 
     clip = long_clip(clips()[:12])
     reference = reference_transcripts([clip])[0]
@@ -242,7 +242,7 @@ def test_a_cancelled_transcription_stops_decoding(grpc_url):
     from grpc_calls import execution_counts
     from test_cancel import settle
 
-    from export.asr.report import long_clip
+    from evals.clips import long_clip
 
     audio = long_clip(clips()[:6]).audio[None]  # ~16 s: ~100 decoder steps
     client = grpcclient.InferenceServerClient(grpc_url)

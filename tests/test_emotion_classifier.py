@@ -9,7 +9,7 @@ from avatar.animation import tables
 from avatar.animation.emotion import emotion_vector
 from avatar.animation.emotion_classifier import WEIGHTS_PATH, EmotionClassifier
 from avatar.errors import RequestError
-from training.emotion.train import load_sentences
+from evals.sentences import load_sentences
 
 # Measured 0.886 (93/105) by `python -m training.emotion.train --evaluate`; margin for
 # numerical drift across torch/transformers versions and CPUs.
@@ -18,7 +18,7 @@ HELDOUT_ACCURACY_MIN = 0.80
 
 @pytest.fixture(scope="module")
 def classifier() -> EmotionClassifier:
-    from training.emotion.encoder import SentenceEncoder
+    from networks.sentence_encoder import SentenceEncoder
 
     return EmotionClassifier.load(encoder=SentenceEncoder().encode)
 

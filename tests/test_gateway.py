@@ -14,8 +14,8 @@ import pytest
 
 from avatar import live_protocol as protocol
 from clients.live import converse
-from export.asr.clips import clips
-from export.asr.wer import wer
+from evals.clips import clips
+from evals.wer import wer
 
 
 def _ws(base: str) -> str:
@@ -156,7 +156,7 @@ def test_a_pause_inside_a_question_discards_the_speculative_transcript(gateway: 
 def test_passes_while_speaking_leave_only_the_last_words_for_the_pause(gateway: str) -> None:
     """A 7-s human recording: the gateway transcribes the speech so far every second while
     it is spoken; the transcript at the pause starts from what two passes agreed on."""
-    from export.asr.human import human_clips
+    from evals.recordings import human_clips
 
     clip = max(human_clips(), key=lambda c: c.seconds)
     reply = asyncio.run(converse(_ws(gateway), clip.audio, controls={"seed": 3}))

@@ -12,12 +12,19 @@ from avatar.animation import AnimationConfig, animate
 from avatar.animation.lipsync import animate_probs, decode_segments
 from avatar.animation.tables import VISEMES
 from avatar.errors import RequestError
+from avatar.model_config import check_against_sidecar, parse_config
 from avatar.sidecar import Sidecar
+from evals.lipsync import (
+    Augment,
+    Scores,
+    Utterance,
+    augment,
+    frame_targets,
+    label_segments,
+    score_clip,
+)
 from export.common import ensure, onnx_session
 from export.lipsync.recipe import OUTPUTS, LipsyncRecipe, example_audio, expected_specs, reference
-from serving.repository import check_against_sidecar, parse_config
-from training.lipsync.data import Augment, Utterance, augment, frame_targets, label_segments
-from training.lipsync.evaluate import Scores, score_clip
 
 CONFIG = Path(__file__).resolve().parent.parent / "model_repository/lipsync/config.pbtxt"
 # Held-out: none of these is in emotion_sentences.json's 'train' split.
@@ -94,7 +101,7 @@ def test_export_matches_torch_at_new_shapes(artifact: Path) -> None:
 
 @pytest.fixture(scope="module")
 def heldout_speech() -> list[Utterance]:
-    from training.lipsync.data import speak
+    from export.tts.utterances import speak
 
     return speak(list(HELDOUT), variants=1, varied=False)
 

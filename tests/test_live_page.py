@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 from avatar.animation.tables import ARKIT_INDEX
-from export.asr.clips import clips
-from export.asr.wer import wer
+from evals.clips import clips
+from evals.wer import wer
 
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 pytestmark = pytest.mark.skipif(

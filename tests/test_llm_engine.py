@@ -88,7 +88,7 @@ def test_config_matches_sidecar(artifact):
     present.*) are exactly the export's tensors."""
     from pathlib import Path
 
-    from serving.repository import check_against_sidecar, parse_config
+    from avatar.model_config import check_against_sidecar, parse_config
 
     path = Path(__file__).parent.parent / "model_repository" / "llm_decoder" / "config.pbtxt"
     config = parse_config(path)

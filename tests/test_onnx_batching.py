@@ -11,9 +11,9 @@ import pytest
 from google.protobuf import json_format
 
 from avatar.errors import RequestError
+from avatar.model_config import SOURCE_REPOSITORY, parse_config
 from avatar.onnx_batching import BatchedSession
-from serving.deployment import SOURCE_REPOSITORY
-from serving.repository import embedded_config, parse_config
+from serving.repository import embedded_config
 
 
 def _session(vad_artifact: Path) -> BatchedSession:

@@ -127,8 +127,8 @@ def test_setting_copies_carry_their_settings(
 ) -> None:
     import shutil
 
+    from avatar.model_config import parse_config
     from perf.latency import COPIES, add_setting_models
-    from serving.repository import parse_config
 
     for name in COPIES[setting]:
         shutil.copytree(embedded_repository / name, tmp_path / name, symlinks=True)

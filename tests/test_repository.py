@@ -9,17 +9,17 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from avatar.sidecar import Sidecar
-from serving.deployment import SOURCE_REPOSITORY, model_names
-from serving.repository import (
+from avatar.model_config import (
+    SOURCE_REPOSITORY,
     ConfigMismatchError,
-    MissingArtifactError,
     RepositoryError,
     check_against_sidecar,
     is_native,
-    materialize,
+    model_names,
     parse_config,
 )
+from avatar.sidecar import Sidecar
+from serving.repository import MissingArtifactError, materialize
 
 MODELS = model_names()
 

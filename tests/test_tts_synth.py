@@ -99,7 +99,8 @@ def test_four_sentences_batched_equal_one_at_a_time(synth):
 
 def test_transcript_contains_the_words(synth):
     """Intelligibility on real audio: faster-whisper on the packaged Whisper base."""
-    from export.tts.intelligibility import transcriber, word_errors
+    from evals.wer import word_errors
+    from export.tts.intelligibility import transcriber
 
     text = "Please bring three green apples to the kitchen."
     result = synth.synthesize_chunks(

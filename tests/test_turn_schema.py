@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from avatar.model_config import parse_config
 from avatar.pipeline import schema
 from avatar.pipeline.events import FinalEvent, SentenceEvent, TranscriptEvent
 from avatar.pipeline.runner import event_tensors
-from serving.repository import parse_config
 
 AVATAR_CONFIG = Path(__file__).parents[1] / "model_repository" / "avatar" / "config.pbtxt"
 

@@ -127,7 +127,7 @@ class EmotionClassifier:
         cls, weights_path: Path | None = None, encoder: Encoder | None = None
     ) -> EmotionClassifier:
         """The committed weights (`emotion_weights.npz`); `encoder` embeds sentences (the
-        served `emotion_encoder` through BLS, or training.emotion.encoder in PyTorch)."""
+        served `emotion_encoder` through BLS, or networks.sentence_encoder in PyTorch)."""
         path = weights_path or WEIGHTS_PATH
         with np.load(path, allow_pickle=False) as data:
             clf = cls(
@@ -145,7 +145,7 @@ class EmotionClassifier:
         if self._encoder is None:
             raise RuntimeError(
                 "no sentence encoder: pass the served emotion_encoder (BLS) or "
-                "training.emotion.encoder.SentenceEncoder().encode"
+                "networks.sentence_encoder.SentenceEncoder().encode"
             )
         return self._encoder
 

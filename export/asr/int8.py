@@ -53,10 +53,10 @@ from avatar.asr.greedy import WhisperRuntime
 from avatar.asr.onnx_runtime import DECODER_STEP_FILE, OnnxWhisperRuntime
 from avatar.asr.transcribe import AsrOptions, transcribe, window_frames
 from avatar.asr.vocab import WhisperVocab
-from export.asr.clips import Clip, clips, synthesize
-from export.asr.human import MissingRecordingsError, human_clips
+from evals.clips import Clip, clips, synthesize
+from evals.recordings import MissingRecordingsError, human_clips
+from evals.wer import corpus_wer
 from export.asr.weights import packaged_ct2_dir
-from export.asr.wer import corpus_wer
 from export.common import cache_root
 from export.gates import judged
 from export.quantize import VARIANT_FILE, faster, linear_nodes, quantize_qdq, side_by_side
@@ -320,7 +320,7 @@ def build_variants(
 def gate_clips(pad_s: float = 1.0) -> list[Clip]:
     """The human recordings as served: alone, with `pad_s` of silence on both sides (a live
     question, as the gateway hears it), and joined into one > 30-s clip (full windows)."""
-    from export.asr.report import long_clip
+    from evals.clips import long_clip
 
     humans = human_clips()
     silence = np.zeros(int(pad_s * 16_000), np.float32)
@@ -334,8 +334,8 @@ def long_form_clips() -> list[Clip]:
     (emotion_sentences.json, never used to calibrate) in the packaged voice, 12 per recording;
     and the packaged voice's questions joined. Those also calibrate, but as served windows of
     one question each, not as these pieces, and they are where the built encoder looped."""
-    from export.asr.report import long_clip
-    from training.lipsync.data import sentences
+    from evals.clips import long_clip
+    from evals.sentences import sentences
 
     humans = human_clips()
     replies = [Clip(text, synthesize(text)) for text in sentences("heldout")[:36]]

@@ -50,7 +50,7 @@ class _WhisperRecipe(ArtifactRecipe):
         HERE.parent / "quantize.py",
         HERE.parent / "gates.py",
         HERE / "int8.py",
-        HERE / "clips.py",  # the INT8 variant's calibration speech
+        HERE.parents[1] / "evals" / "clips.py",  # the INT8 variant's calibration speech
     )  # the gate's own code (WER, human recordings) keys its verdict: export.gates.gate_code
 
     def __init__(self, source: str | None = None, variants: bool = False):

@@ -18,24 +18,16 @@ from pathlib import Path
 
 import numpy as np
 
-from avatar.asr.features import SAMPLE_RATE
 from avatar.asr.greedy import WhisperRuntime
 from avatar.asr.onnx_runtime import DECODER_STEP_FILE, OnnxWhisperRuntime
 from avatar.asr.transcribe import AsrOptions, transcribe
 from avatar.asr.vocab import WhisperVocab
-from export.asr.clips import Clip, clips
+from evals.clips import Clip, clips, long_clip
+from evals.wer import wer
 from export.asr.weights import packaged_ct2_dir
-from export.asr.wer import wer
 from export.common import cache_root
 
 log = logging.getLogger(__name__)
-
-
-def long_clip(parts: list[Clip], pause_s: float = 0.6) -> Clip:
-    """Clips joined with pauses into one utterance (> 30 s with enough parts)."""
-    gap = np.zeros(int(pause_s * SAMPLE_RATE), np.float32)
-    audio = np.concatenate([x for c in parts for x in (c.audio, gap)])
-    return Clip(" ".join(c.text for c in parts), audio)
 
 
 def reference_transcripts(items: list[Clip]) -> list[str]:

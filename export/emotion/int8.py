@@ -57,7 +57,7 @@ RUNS = 30
 
 def gate(fp32_path: Path, int8_path: Path) -> dict:
     """The gate's figures and verdict, and the speed of both graphs, as a sidecar record."""
-    from training.emotion.train import load_sentences
+    from evals.sentences import load_sentences
 
     tokenize = SentenceTokenizer()
     texts, truth = load_sentences()["heldout"]
@@ -124,7 +124,7 @@ def gate_folder(folder: Path) -> dict:
 def build_variant(out_dir: Path) -> dict:
     """model.onnx in `out_dir` -> model.int8.onnx + calibration.json; returns its verdict's
     record (export.gates: recorded, or measured by `gate`)."""
-    from training.emotion.train import load_sentences
+    from evals.sentences import load_sentences
 
     out_dir = Path(out_dir)
     sentences = list(load_sentences()["train"][0])

@@ -61,7 +61,7 @@ class EmotionEncoderRecipe(ArtifactRecipe):
 
     name = "emotion_encoder"
     code_files = (
-        Path(__file__).parents[2] / "training" / "emotion" / "encoder.py",
+        Path(__file__).parents[2] / "networks" / "sentence_encoder.py",
         Path(__file__).parents[1] / "onnx_edit.py",
         Path(__file__).parents[1] / "quantize.py",
         Path(__file__).parents[1] / "gates.py",
@@ -84,7 +84,7 @@ class EmotionEncoderRecipe(ArtifactRecipe):
     def build(self, out_dir: Path) -> Sidecar:
         import torch
 
-        from training.emotion.encoder import SentenceEncoder, pool
+        from networks.sentence_encoder import SentenceEncoder, pool
 
         reference = SentenceEncoder()
 
@@ -130,7 +130,7 @@ class EmotionEncoderRecipe(ArtifactRecipe):
 
 def verify(path: Path, reference) -> dict:
     """Embeddings within tolerance of PyTorch, and the same labels on held-out sentences."""
-    from training.emotion.train import load_sentences
+    from evals.sentences import load_sentences
 
     session = onnx_session(path)
     tokenize = SentenceTokenizer()

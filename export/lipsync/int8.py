@@ -48,15 +48,17 @@ WINDOW_SAMPLES = 3 * 16_000
 
 
 def calibration_utterances() -> list:
-    from training.lipsync.data import load_or_synthesize, sentences
+    from evals.sentences import sentences
+    from export.tts.utterances import load_or_synthesize
 
     return load_or_synthesize(sentences("train")[:CALIBRATION_SENTENCES], 1, varied=False)
 
 
 def gate(fp32_path: Path, int8_path: Path) -> dict:
     """The gate's figures and verdict, and the speed of both graphs, as a sidecar record."""
-    from training.lipsync import evaluate
-    from training.lipsync.data import load_or_synthesize, sentences
+    from evals import lipsync as evaluate
+    from evals.sentences import sentences
+    from export.tts.utterances import load_or_synthesize
 
     utts = load_or_synthesize(sentences("heldout"), 1, varied=False)
     sessions = {name: onnx_session(path, threads=1) for name, path in

@@ -171,7 +171,7 @@ class LlmDecoderRecipe(ArtifactRecipe):
     def int8_gate(self, out_dir: Path, fp32: OrtDecoder, tokenizer, prompts) -> dict:
         """The 8-bit variant gated on held-out perplexity and first tokens; greedy and
         first-sentence agreement and the decode step's speed recorded beside."""
-        from training.emotion.train import load_sentences
+        from evals.sentences import load_sentences
 
         int8 = OrtDecoder(out_dir / VARIANT_FILE)
         record: dict = {"quantization": "MatMulNBits 8-bit, asymmetric, blocks of 32, int8 "

@@ -139,8 +139,8 @@ def measure(folder: Path, out: Path) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from evals.report import DEFAULT_OUT
     from export.portrait.recipe import PortraitRecipe
-    from perf.report import DEFAULT_OUT
 
     parser = argparse.ArgumentParser(prog="python -m export.portrait.int8", description=__doc__)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT / "portrait_int8")

@@ -50,10 +50,10 @@ from avatar.animation import AnimationConfig, animate
 from avatar.animation.emotion import mouth_opening
 from avatar.animation.pipeline import Animation
 from avatar.animation.timing import phonemize, synthetic_timings
+from evals.report import DEFAULT_OUT, machine, save_results
 from export.portrait import landmarks as lm
 from export.portrait.recipe import OUTPUT, example_inputs
 from export.portrait.rig import Rig
-from perf.report import DEFAULT_OUT, machine, save_results
 
 log = logging.getLogger(__name__)
 

@@ -30,6 +30,13 @@ from typing import Any
 
 import numpy as np
 
+from avatar.model_config import (
+    ENGINE_RECORD,
+    check_against_sidecar,
+    model_names,
+    parse_config,
+    platform_of,
+)
 from avatar.sidecar import Sidecar
 from export.common import Tolerance
 from export.tensorrt.engine import Shape, ShapeProfile, require_tensorrt
@@ -39,12 +46,6 @@ from export.tensorrt.verify import (
     engine_runner,
     onnx_reference,
     require_passed,
-)
-from serving.repository import (
-    ENGINE_RECORD,
-    check_against_sidecar,
-    parse_config,
-    platform_of,
 )
 
 log = logging.getLogger(__name__)
@@ -339,7 +340,7 @@ def check_profile_covers(profile: ShapeProfile, max_batch_size: int, name: str) 
 
 def engine_models(source: Path, names: Iterable[str] | None = None) -> list[str]:
     """Models whose production config is `tensorrt_plan` (default: all of them)."""
-    all_models = sorted(p.parent.name for p in Path(source).glob("*/config.pbtxt"))
+    all_models = model_names(source)
     chosen = sorted(names) if names else all_models
     unknown = sorted(set(chosen) - set(all_models))
     if unknown:

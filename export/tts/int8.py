@@ -27,10 +27,12 @@ import numpy as np
 from avatar.tts.phonemes import Phonemizer, prepare
 from avatar.tts.synth import Controls, Synthesizer, batch_inputs, onnx_infer
 from avatar.tts.voice import packaged_voice
+from evals.sentences import WER_SENTENCES
+from evals.wer import word_errors
 from export.common import onnx_session
 from export.gates import judged
 from export.quantize import VARIANT_FILE, faster, logged, quantize_qdq, side_by_side
-from export.tts.intelligibility import WER_SENTENCES, rtf, transcriber, word_errors
+from export.tts.intelligibility import rtf, transcriber
 
 log = logging.getLogger(__name__)
 

@@ -18,9 +18,11 @@ import numpy as np
 from avatar.tts.phonemes import Phonemizer, prepare
 from avatar.tts.synth import Controls, Synthesizer, onnx_infer
 from avatar.tts.voice import packaged_voice
+from evals.sentences import WER_SENTENCES
+from evals.wer import word_errors
 from export.common import ensure, onnx_session
 from export.tts.int8 import VARIANT_FILE
-from export.tts.intelligibility import THREADS, WER_SENTENCES, rtf, transcriber, word_errors
+from export.tts.intelligibility import THREADS, rtf, transcriber
 from export.tts.variants import VitsVariantRecipe
 
 log = logging.getLogger(__name__)

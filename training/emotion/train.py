@@ -18,7 +18,6 @@ The report (held-out accuracy, confusion matrix, per-label recall) goes to the l
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path
@@ -27,12 +26,12 @@ import numpy as np
 
 from avatar.animation import tables
 from avatar.animation.emotion_classifier import (
-    SENTENCES_PATH,
     WEIGHTS_PATH,
     EmotionClassifier,
     softmax,
 )
-from training.emotion.encoder import SentenceEncoder
+from evals.sentences import load_sentences
+from networks.sentence_encoder import SentenceEncoder
 
 log = logging.getLogger("training.emotion.train")
 
@@ -42,25 +41,6 @@ L2_GRID = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2)
 TEMPERATURE_GRID = tuple(float(t) for t in np.round(np.geomspace(0.02, 5.0, 61), 4))
 STEPS = 1500
 LEARNING_RATE = 0.05
-
-
-def load_sentences(path: Path = SENTENCES_PATH) -> dict[str, tuple[list[str], np.ndarray]]:
-    """{"train"|"heldout": (sentences, label indices into tables.EMOTIONS)}."""
-    data = json.loads(path.read_text(encoding="utf-8"))
-    if tuple(data["labels"]) != tables.EMOTIONS:
-        raise ValueError(f"{path} labels {data['labels']} differ from {tables.EMOTIONS}")
-    out = {}
-    for split in ("train", "heldout"):
-        texts: list[str] = []
-        ys: list[int] = []
-        for k, label in enumerate(tables.EMOTIONS):
-            texts += data[split][label]
-            ys += [k] * len(data[split][label])
-        out[split] = (texts, np.array(ys))
-    overlap = set(out["train"][0]) & set(out["heldout"][0])
-    if overlap:
-        raise ValueError(f"held-out sentences also in training: {sorted(overlap)}")
-    return out
 
 
 def fit(x: np.ndarray, y: np.ndarray, n_labels: int, l2: float) -> tuple[np.ndarray, np.ndarray]:

@@ -19,7 +19,8 @@ import threading
 
 import numpy as np
 
-from training.lipsync.data import Utterance, cached_utterances
+from evals.lipsync import Utterance
+from export.tts.utterances import cached_utterances
 
 TRAIN_VOICES = ("en-us+m1", "en-us+f1", "en-us+m3", "en-us+f3", "en-us+m5", "en-us+m4")
 EVAL_VOICES = ("en-us+m7", "en-us+f4", "en-us+m2", "en-us+f5")  # never trained on

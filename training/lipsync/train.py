@@ -3,7 +3,7 @@
     python -m training.lipsync.train              # synthesize (cached), train, write weights
     python -m training.lipsync.train --evaluate   # held-out figures of the committed weights
 
-Data (training/lipsync/data.py): the 280 'train' sentences of emotion_sentences.json, each
+Data (export/tts/utterances.py): the 280 'train' sentences of emotion_sentences.json, each
 spoken twice by Piper with varied length/noise scales and twice by espeak-ng formant
 voices (training/lipsync/espeak.py, TRAIN_VOICES, varied rate and pitch); every pool
 draws AUG_COPIES augmentations per utterance (pitch/tempo shift, gain, noise at 10-30 dB
@@ -22,16 +22,11 @@ import time
 import numpy as np
 import torch
 
+from evals.lipsync import Augment, Utterance, augment, frame_targets
+from evals.sentences import sentences
+from export.tts.utterances import load_or_synthesize
 from networks.lipsync import WEIGHTS, LipsyncNet, parameter_count, save_weights
 from training.lipsync import espeak
-from training.lipsync.data import (
-    Augment,
-    Utterance,
-    augment,
-    frame_targets,
-    load_or_synthesize,
-    sentences,
-)
 
 log = logging.getLogger(__name__)
 

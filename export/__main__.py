@@ -2,7 +2,8 @@
 `python -m export gates [MODEL ...] [--record]`: run every INT8 gate not yet run on this
 machine and check the build's verdicts (export/gates.py).
 `python -m export engines [MODEL ...]`: TensorRT engines of the tensorrt_plan models,
-verified against ONNX Runtime, and the production repository (needs TensorRT + a GPU).
+verified against ONNX Runtime (needs TensorRT + a GPU); `avatar materialize --target
+production` then writes the production repository.
 `python -m export portrait PHOTO`: rig a frontal photo as the avatar's portrait
 (`python -m export.portrait --help` for its options)."""
 
@@ -12,7 +13,6 @@ import argparse
 import logging
 import sys
 import time
-from pathlib import Path
 
 from export.common import cache_root, worker_logging
 from export.registry import GATES, RECIPES, ensure_all
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     sub.add_parser("list", help="list the known recipes")
     engines = sub.add_parser(
-        "engines", help="TensorRT engines (verified) + production repository; needs TensorRT"
+        "engines", help="TensorRT engines, verified against ONNX Runtime; needs TensorRT"
     )
     engines.add_argument("models", nargs="*", help="default: every tensorrt_plan model")
     engines.add_argument(
@@ -53,13 +53,6 @@ def main(argv: list[str] | None = None) -> int:
         help="auto: FP16 (or the stage's default), INT8 only where a Q/DQ variant passed its gate",
     )
     engines.add_argument("--force", action="store_true", help="rebuild even if verified")
-    engines.add_argument(
-        "--out",
-        type=Path,
-        default=Path("build/repository-production"),
-        help="production repository to write (default build/repository-production)",
-    )
-    engines.add_argument("--no-repository", action="store_true", help="engines only")
     portrait = sub.add_parser(
         "portrait", help="rig a frontal photo as the portrait (python -m export.portrait -h)"
     )
@@ -155,7 +148,6 @@ def _engines(args: argparse.Namespace, log: logging.Logger) -> int:
     try:
         records = build_all(
             SOURCE_REPOSITORY,
-            None if args.no_repository else args.out,
             args.models or None,
             requested=args.precision,
             force=args.force,
@@ -169,8 +161,7 @@ def _engines(args: argparse.Namespace, log: logging.Logger) -> int:
     for name, record in records.items():
         worst = {o["name"]: f"{o['max_abs']:.3g}" for o in record.get("outputs", [])}
         sys.stdout.write(f"{name}\t{record['precision']}\tmax abs error {worst}\n")
-    if not args.no_repository:
-        log.info("production repository written to %s", args.out)
+    log.info("engines verified; the production repository: avatar materialize --target production")
     return 0
 
 

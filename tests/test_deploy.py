@@ -83,8 +83,11 @@ def test_compose_structure() -> None:
         assert service["build"]["dockerfile"] == "docker/Dockerfile"
     assert "artifacts" in compose["volumes"], "the artifact cache is a named volume"
 
-    assert "python3 -m export engines --out /cache/repository-production" in " ".join(
-        engines["command"]
+    command = " ".join(engines["command"])
+    assert (
+        "python3 -m export engines &&" in command
+        and "python3 -m serving materialize --target production --out /cache/repository-production"
+        in command
     )
     assert triton["depends_on"]["engines"]["condition"] == "service_completed_successfully"
     assert "--model-repository=/cache/repository-production" in triton["command"]
@@ -163,7 +166,11 @@ def test_triton_deployment() -> None:
     assert "/cache/engines-complete" in " ".join(wait["args"])
     (builder,) = job["spec"]["template"]["spec"]["containers"]
     script = " ".join(builder["args"])
-    assert "python3 -m export engines --out /cache/repository-production" in script
+    assert (
+        "python3 -m export engines &&" in script
+        and "python3 -m serving materialize --target production --out /cache/repository-production"
+        in script
+    )
     assert script.rstrip().endswith("/cache/engines-complete"), "marker written last"
     assert builder["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert "--model-repository=/cache/repository-production" in container["args"]

@@ -43,15 +43,6 @@ ALLOWED: dict[str, frozenset[str]] = {
 # Packages that a torch-free image runs (the server's python models, the gateway), and the
 # metrics every tool imports.
 NO_TORCH = ("avatar", "model_repository", "gateway", "evals")
-# Edges still being removed by other items of issue 30: (module, package it imports) ->
-# why it is still here. Each must still exist, so that a fixed one leaves this list.
-PENDING: dict[tuple[str, str], str] = {
-    ("export.tensorrt.build", "serving"): (
-        "`python -m export engines --out` writes the production repository (docker/, deploy/, "
-        "docker-compose.yml call it); that step moves up to `avatar materialize --target "
-        "production` with a change to export/__main__.py"
-    ),
-}
 
 
 def _dotted(path: Path) -> str:
@@ -120,7 +111,6 @@ def test_every_package_has_a_row():
 
 
 def test_packages_import_downwards_only():
-    seen: set[tuple[str, str]] = set()
     bad = []
     for name, path in sorted(_modules().items()):
         package = name.split(".")[0]
@@ -128,16 +118,11 @@ def test_packages_import_downwards_only():
             top = module.split(".")[0]
             if top == package or top not in ALLOWED or top in ALLOWED[package]:
                 continue
-            if (name, top) in PENDING:
-                seen.add((name, top))
-                continue
             allowed = ", ".join(sorted(ALLOWED[package])) or "nothing of the project"
             statement = " ".join(ast.unparse(node).split())
             bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: {statement}  ({package} may "
                        f"import {allowed}: tests/test_imports.py ALLOWED)")  # fmt: skip
     assert not bad, "\n".join(bad)
-    stale = [f"{m} no longer imports {p}: delete it from PENDING" for m, p in PENDING.keys() - seen]
-    assert not stale, "\n".join(stale)
 
 
 def test_no_torch_where_images_run_without_it():

@@ -226,11 +226,14 @@ def build_variant(kind: str, out_dir: Path, model) -> dict:
 
 def gate_folder(folder: Path) -> dict:
     """The gate of the variant in the artifact `folder` (asr_encoder or asr_decoder)."""
+    import torch
+
     from avatar.sidecar import Sidecar
-    from export.asr.recipe import EncoderRecipe
+    from export.asr.weights import load_whisper
 
     kind = Sidecar.load(folder).model.removeprefix("asr_")
-    return gate(kind, Path(folder), EncoderRecipe().load_model())
+    torch.manual_seed(0)  # as the recipe loads it
+    return gate(kind, Path(folder), load_whisper(None))
 
 
 def gate(kind: str, out_dir: Path, model) -> dict:

@@ -353,11 +353,11 @@ def engine_models(source: Path, names: Iterable[str] | None = None) -> list[str]
 
 
 def build_all(
-    source: Path, output: Path | None, names: Iterable[str] | None = None, **options: Any
+    source: Path, names: Iterable[str] | None = None, **options: Any
 ) -> dict[str, dict[str, Any]]:
-    """Engines of every tensorrt_plan model, then (output given) the production repository."""
+    """Engines of every tensorrt_plan model (`avatar materialize --target production` then
+    places them in the production repository)."""
     from export.registry import ensure_all
-    from serving.deployment import build_repository
 
     require_tensorrt()  # before any export work: say at once what is missing
     models = engine_models(source, names)
@@ -372,6 +372,4 @@ def build_all(
             failures.append(str(error))
     if failures:
         raise EngineVerificationError("\n".join(failures))
-    if output is not None:
-        build_repository(output, "production", source=source)
     return records

@@ -1,7 +1,8 @@
 """One turn on the `avatar` model over a gRPC stream, shared by `say`, `chat` and tests.
 
 `stream_turn` sends audio or text, collects every response as a plain dict, measures the
-client-side time to first audio and first frame, and can cancel the stream (barge-in).
+client-side time to the first audio, the first blendshape frame and the first rendered video
+frame, and can cancel the stream (barge-in).
 It never waits without bound: a stream silent for `silence_s` (a server that lost the turn,
 e.g. a stub that died) or longer than `timeout_s` in all is cancelled and the turn returns
 with an error saying so.
@@ -24,10 +25,14 @@ from avatar.pipeline import schema
 class TurnResult:
     transcript: str = ""
     sentences: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    videos: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # frames responses
     final: dict[str, Any] = dataclasses.field(default_factory=dict)
     error: str = ""  # the stream's error (a rejected request, a failed or abandoned turn)
-    first_audio_s: float | None = None  # client side, from sending the request
+    # client side, from sending the request: a sentence's audio, its blendshapes (the face a
+    # client draws itself) and the server's rendered pixels, which follow the sentence
+    first_audio_s: float | None = None
     first_frame_s: float | None = None
+    first_video_s: float | None = None
     total_s: float = 0.0
 
     @property
@@ -168,5 +173,9 @@ def _collect(turn: TurnResult, response: dict[str, Any], elapsed: float) -> None
             turn.first_audio_s = elapsed
         if turn.first_frame_s is None and response["blendshapes"].size:
             turn.first_frame_s = elapsed
+    elif kind == "frames":
+        turn.videos.append(response)
+        if turn.first_video_s is None and "video" in response:
+            turn.first_video_s = elapsed
     elif kind == "final":
         turn.final = response

@@ -13,16 +13,20 @@ from avatar.animation.emotion import mouth_opening
 log = logging.getLogger(__name__)
 
 
-def server_video(sentences: list[dict], fps: float, total: int) -> np.ndarray | None:
-    """The streamed video frames placed on the clock, or None if any sentence lacks them."""
-    spoken = [s for s in sentences if s["blendshapes"].size]
-    if not spoken or any("video" not in s for s in spoken):
+def server_video(
+    sentences: list[dict], videos: list[dict], fps: float, total: int
+) -> np.ndarray | None:
+    """The streamed video frames (`videos`: the frames responses) placed on the clock, or
+    None if a spoken sentence has none."""
+    spoken = {s["sentence_index"] for s in sentences if s["blendshapes"].size}
+    drawn = {v["sentence_index"]: v for v in videos if "video" in v}
+    if not spoken or not spoken <= drawn.keys():
         return None
-    height, width = spoken[0]["video"].shape[1:3]
+    height, width = next(iter(drawn.values()))["video"].shape[1:3]
     out = np.zeros((total, height, width, 3), np.uint8)
-    for s in spoken:
-        at = round(s["start_time"] * fps)
-        out[at : at + len(s["video"])] = s["video"]
+    for v in drawn.values():
+        at = round(v["start_time"] * fps)
+        out[at : at + len(v["video"])] = v["video"][: max(0, total - at)]
     return out
 
 

@@ -44,8 +44,11 @@ def report(turn: TurnResult) -> str:
         return ", ".join(f"{k}={v:.0f}" for k, v in values.items())
 
     lines = [
-        f"time to first audio: {seconds(turn.first_audio_s)}, first frame: "
-        f"{seconds(turn.first_frame_s)}, turn: {seconds(turn.total_s)} (client side)",
+        f"time to first audio: {seconds(turn.first_audio_s)} (client side, from sending the "
+        "request to the first sentence's audio)",
+        f"first frame: {seconds(turn.first_frame_s)} (its ARKit-52 blendshapes, with the "
+        f"audio); first rendered video: {seconds(turn.first_video_s)} (the server's pixels, "
+        f"after the audio); whole turn: {seconds(turn.total_s)}",
         "server, ms since the request: " + listing(timings.get("since_request_ms", {})),
         "server, ms per stage (summed): " + listing(timings.get("stage_ms", {})),
     ]
@@ -79,7 +82,7 @@ def save(turn: TurnResult, out: Path, stem: str = "answer") -> dict[str, Path]:
     audio, rate = turn.audio()
     shapes, poses, fps = turn.blendshapes()
     paths = {"wav": write_wav(out / f"{stem}.wav", audio, rate)}
-    frames = server_video(turn.sentences, fps, len(shapes))
+    frames = server_video(turn.sentences, turn.videos, fps, len(shapes))
     if frames is None:
         frames = draw_face(shapes, poses)
     if len(frames):

@@ -38,7 +38,15 @@ from typing import Any
 
 import numpy as np
 
-from avatar.pipeline import SentenceEvent, Stages, TranscriptEvent, TurnEvent, parse_turn, run_turn
+from avatar.pipeline import (
+    FramesEvent,
+    SentenceEvent,
+    Stages,
+    TranscriptEvent,
+    TurnEvent,
+    parse_turn,
+    run_turn,
+)
 from perf.harness import Latency, at_concurrency, playback_stall, warm_up
 from perf.inputs import QUESTIONS
 
@@ -127,7 +135,8 @@ def local_turn(
             figures.transcript_s = now
         elif isinstance(event, SentenceEvent) and event.audio.size:
             arrivals.append((now, event.start, event.audio.size / event.sample_rate))
-            frames += 0 if event.frames is None else len(event.frames)
+        elif isinstance(event, FramesEvent) and event.frames is not None:
+            frames += len(event.frames)
 
     final = run_turn(request, stages, emit, lambda: "")
     figures.full_reply_s = time.perf_counter() - started
@@ -160,7 +169,7 @@ def triton_turn(
     figures.reply = turn.final.get("text", "")
     figures.first_audio_s = turn.first_audio_s or turn.total_s
     figures.full_reply_s = turn.total_s
-    frames = sum(len(s.get("video", ())) for s in turn.sentences if "video" in s)
+    frames = sum(len(v["video"]) for v in turn.videos if "video" in v)
     _stream_figures(figures, arrivals, frames, turn.timings)
 
 

@@ -292,3 +292,44 @@ def test_llm_timeout_stops_the_generation_and_keeps_only_what_was_spoken():
     assert final.reply == "One moment please."
     time.sleep(1.2)  # the generation saw stop() and ended early
     assert fake.llm_steps < 5
+
+
+def test_each_sentence_goes_out_before_its_pixels_are_drawn():
+    """A slow renderer holds neither the first sentence's audio nor its blendshapes: each
+    sentence is emitted, then drawn, and its frames follow it on the same clock."""
+    fake = FakeStages()
+    emitted: list = []
+    drawn: list[int] = []
+
+    def render(blendshapes, pose, face):
+        drawn.append(len(emitted))  # how many events were out when drawing started
+        time.sleep(0.05)
+        return np.zeros((len(blendshapes), 4, 4, 3), np.uint8)
+
+    stages = dataclasses.replace(fake.stages(), render=render)
+    request = parse_turn(None, "Hi", "s", '{"render": true}')
+    final = run_turn(request, stages, emitted.append, lambda: "", PipelineConfig())
+    kinds = [type(e).__name__ for e in emitted]
+    assert kinds == ["TranscriptEvent", "SentenceEvent", "FramesEvent", "SentenceEvent",
+                     "FramesEvent", "FinalEvent"]  # fmt: skip
+    for sentence, frames in ((emitted[1], emitted[2]), (emitted[3], emitted[4])):
+        assert (frames.index, frames.start, frames.fps) == (sentence.index, sentence.start,
+                                                            sentence.fps)  # fmt: skip
+        assert len(frames.frames) == len(sentence.blendshapes)
+    assert drawn == [2, 4]  # the sentence was out before its drawing started
+    since = final.timings["since_request_ms"]
+    assert since["first_audio"] <= since["first_video"]
+    assert final.timings["stage_ms"]["render"] >= 100
+
+
+def test_a_failing_renderer_leaves_the_voice_and_the_face():
+    def render(blendshapes, pose, face):
+        raise RuntimeError("renderer unavailable")
+
+    stages = dataclasses.replace(FakeStages().stages(), render=render)
+    events: list = []
+    request = parse_turn(None, "Hi", "s", '{"render": true}')
+    final = run_turn(request, stages, events.append, lambda: "", PipelineConfig())
+    assert [type(e).__name__ for e in events].count("SentenceEvent") == 2
+    assert not any(type(e).__name__ == "FramesEvent" for e in events)
+    assert final.errors == ["render: renderer unavailable"] * 2

@@ -12,7 +12,14 @@ import numpy as np
 import pytest
 
 from avatar.animation.tables import EMOTIONS
-from avatar.pipeline import FinalEvent, SentenceEvent, TranscriptEvent, parse_turn, run_turn
+from avatar.pipeline import (
+    FinalEvent,
+    FramesEvent,
+    SentenceEvent,
+    TranscriptEvent,
+    parse_turn,
+    run_turn,
+)
 from avatar.pipeline.local import local_stages
 
 SHORT = {"max_tokens": 24, "seed": 1}
@@ -53,6 +60,7 @@ def test_spoken_question_in_process(stages, question):
     assert final.errors == [] and final.cancelled == ""
     spoken = sentences(events)
     assert spoken and final.reply == " ".join(s.text for s in spoken)
+    assert not any(isinstance(e, FramesEvent) for e in events)  # render off (the default)
     position = 0.0
     for s in spoken:
         assert s.audio.size and s.sample_rate == 22050 and s.fps == 30.0
@@ -62,7 +70,6 @@ def test_spoken_question_in_process(stages, question):
         assert frames / s.fps == pytest.approx(s.audio.size / s.sample_rate, abs=1e-3)
         assert s.start == pytest.approx(position, abs=1e-3)
         assert s.animation["visemes"] and s.emotion in EMOTIONS  # "auto": the classifier's
-        assert s.frames is None  # render off (the default)
         position += s.audio.size / s.sample_rate
     stage_ms, since = final.timings["stage_ms"], final.timings["since_request_ms"]
     assert all(stage_ms[stage] > 0 for stage in ("asr", "llm", "tts", "animation"))
@@ -77,8 +84,11 @@ def test_text_turn_renders_frames_of_the_chosen_face(stages):
     assert final.errors == []
     (first, *_) = sentences(events)
     assert first.emotion == "happy"
-    assert first.frames.shape == (len(first.blendshapes), 256, 256, 3)  # the cartoon's size
-    assert first.frames.dtype == np.uint8 and first.frames.std() > 0
+    # its frames follow it, the audio first
+    video = events[events.index(first) + 1]
+    assert isinstance(video, FramesEvent) and (video.index, video.start) == (0, first.start)
+    assert video.frames.shape == (len(first.blendshapes), 256, 256, 3)  # the cartoon's size
+    assert video.frames.dtype == np.uint8 and video.frames.std() > 0
 
 
 def test_barge_in_stops_the_reply_after_its_first_sentence(stages):

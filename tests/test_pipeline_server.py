@@ -163,9 +163,17 @@ def _prompt_tokens(url: str, messages: list[dict]) -> int:
 def test_render_control_streams_video_frames_with_the_blendshapes(grpc_url):
     turn = stream_turn(grpc_url, text="Hi!", controls={"max_tokens": 8, "seed": 1, "render": True})
     assert turn.error == "", turn.error
-    rendered = [s for s in turn.sentences if s["blendshapes"].size]
-    assert rendered and turn.errors == []
-    for s in rendered:
-        assert s["video"].dtype == np.uint8 and s["video"].shape[3] == 3
-        assert len(s["video"]) == len(s["blendshapes"])  # one image per frame
+    spoken = [s for s in turn.sentences if s["blendshapes"].size]
+    assert spoken and turn.errors == []
+    # each sentence's pixels follow it in a frames response: the voice never waits for them
+    videos = {v["sentence_index"]: v for v in turn.videos}
+    assert sorted(videos) == [s["sentence_index"] for s in spoken]
+    for s in spoken:
+        video = videos[s["sentence_index"]]
+        assert video["video"].dtype == np.uint8 and video["video"].shape[3] == 3
+        assert len(video["video"]) == len(s["blendshapes"])  # one image per frame
+        assert video["start_time"] == s["start_time"] and video["fps"] == s["fps"]
+    assert turn.first_audio_s < turn.first_video_s
+    since = turn.timings["since_request_ms"]
+    assert since["first_audio"] <= since["first_video"]
     assert turn.timings["stage_ms"]["render"] > 0

@@ -11,7 +11,7 @@ import pytest
 
 from avatar.model_config import parse_config
 from avatar.pipeline import schema
-from avatar.pipeline.events import FinalEvent, SentenceEvent, TranscriptEvent
+from avatar.pipeline.events import FinalEvent, FramesEvent, SentenceEvent, TranscriptEvent
 from avatar.pipeline.runner import event_tensors
 
 AVATAR_CONFIG = Path(__file__).parents[1] / "model_repository" / "avatar" / "config.pbtxt"
@@ -45,7 +45,7 @@ def test_the_avatar_config_declares_the_schema() -> None:
     assert set(schema.REQUEST) == set(schema.INPUTS)
 
 
-def _sentence(frames: np.ndarray | None = None) -> SentenceEvent:
+def _sentence() -> SentenceEvent:
     rng = np.random.default_rng(0)
     return SentenceEvent(
         index=2,
@@ -58,7 +58,6 @@ def _sentence(frames: np.ndarray | None = None) -> SentenceEvent:
         blendshapes=rng.random((3, 52), np.float32),
         head_pose=rng.random((3, 3), np.float32),
         animation={"visemes": [["aa", 0.0, 0.1]], "blinks": []},
-        frames=frames,
         error="",
     )
 
@@ -83,9 +82,9 @@ def grpc_result(tensors: dict[str, np.ndarray]):
     [
         TranscriptEvent("What time is it?"),
         _sentence(),
-        _sentence(frames=np.zeros((3, 4, 4, 3), np.uint8)),
+        FramesEvent(1, 0.5, 30.0, np.zeros((3, 4, 4, 3), np.uint8)),
         SentenceEvent(0, "Hm.", "neutral", 0.0, np.zeros(0, np.float32), 22050, 30.0,
-                      np.zeros((0, 52), np.float32), np.zeros((0, 3), np.float32), {}, None,
+                      np.zeros((0, 52), np.float32), np.zeros((0, 3), np.float32), {},
                       "tts failed"),
         FinalEvent("", "Hello there.", "client", ["tts: timeout"], {"stage_ms": {"asr": 12.5}}),
     ],

@@ -20,7 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from avatar.pipeline.events import FinalEvent, SentenceEvent, TranscriptEvent, TurnEvent
+from avatar.pipeline.events import (
+    FinalEvent,
+    FramesEvent,
+    SentenceEvent,
+    TranscriptEvent,
+    TurnEvent,
+)
 
 TEXT, JSON, SCALAR, ARRAY = "text", "json", "scalar", "array"
 NUMPY = {"FP32": np.float32, "INT32": np.int32, "UINT8": np.uint8, "BYTES": np.object_}
@@ -103,7 +109,8 @@ OUTPUTS = {
 }
 
 # What each response kind carries: output -> (event field, value kind). Every response also
-# carries `kind`. A sentence's `video` is there only when frames were rendered.
+# carries `kind`. A sentence's rendered frames follow it in a response of their own, so that
+# the voice never waits for pixels.
 RESPONSES: dict[str, dict[str, tuple[str, str]]] = {
     "transcript": {"text": ("text", TEXT)},
     "sentence": {
@@ -117,8 +124,13 @@ RESPONSES: dict[str, dict[str, tuple[str, str]]] = {
         "blendshapes": ("blendshapes", ARRAY),
         "head_pose": ("head_pose", ARRAY),
         "animation": ("animation", JSON),  # visemes, gestures, blinks (sentence clock)
-        "video": ("frames", ARRAY),
         "error": ("error", TEXT),  # "" or why the sentence has no audio
+    },
+    "frames": {
+        "sentence_index": ("index", SCALAR),
+        "start_time": ("start", SCALAR),
+        "fps": ("fps", SCALAR),
+        "video": ("frames", ARRAY),
     },
     # the final response does not repeat the transcript; `cancelled` is in its timings
     "final": {"text": ("reply", TEXT), "error": ("errors", JSON), "timings": ("timings", JSON)},
@@ -126,6 +138,7 @@ RESPONSES: dict[str, dict[str, tuple[str, str]]] = {
 EVENTS: dict[type, str] = {
     TranscriptEvent: "transcript",
     SentenceEvent: "sentence",
+    FramesEvent: "frames",
     FinalEvent: "final",
 }
 
@@ -181,7 +194,7 @@ def decode_outputs(arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
 
 def outputs_event(arrays: Mapping[str, np.ndarray]) -> TurnEvent | None:
     """One response as the event the runner sent (None for an empty response). Outputs the
-    caller did not request are absent: a sentence then has `frames` None."""
+    caller did not request are absent: a frames event then has `frames` None."""
     values = decode_outputs(arrays)
     if not values:
         return None
@@ -191,5 +204,7 @@ def outputs_event(arrays: Mapping[str, np.ndarray]) -> TurnEvent | None:
         return TranscriptEvent(**fields)
     if kind == "sentence":
         return SentenceEvent(**fields)
+    if kind == "frames":
+        return FramesEvent(**fields)
     cancelled = fields["timings"].get("cancelled", "")
     return FinalEvent(transcript="", cancelled=cancelled, **fields)

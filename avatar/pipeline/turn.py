@@ -20,7 +20,13 @@ from typing import Any
 import numpy as np
 
 from avatar.animation.pipeline import Animation, animate
-from avatar.pipeline.events import FinalEvent, SentenceEvent, TranscriptEvent, TurnEvent
+from avatar.pipeline.events import (
+    FinalEvent,
+    FramesEvent,
+    SentenceEvent,
+    TranscriptEvent,
+    TurnEvent,
+)
 from avatar.pipeline.request import AUTO_EMOTION, Controls, TurnRequest
 
 log = logging.getLogger(__name__)
@@ -77,7 +83,8 @@ class _Clock:
 class _Timings:
     """`stage_ms`: wall time summed per stage (asr, llm, tts, animation, render);
     `since_request_ms`: milestones (transcript, llm_first_sentence, first_audio,
-    first_frame, total) measured from the request's arrival."""
+    first_frame (blendshapes), first_video (rendered pixels), total) measured from the
+    request's arrival."""
 
     def __init__(self, clock: _Clock):
         self.clock = clock
@@ -187,11 +194,15 @@ def run_turn(
         for event in _speak_sentence(text, index, position, turn):
             if cancelled():
                 break
-            emit(event)
+            emit(event)  # the voice and the face's blendshapes go out before any pixels
             timings.mark(*_firsts(event))
             said.append(event.text)
             position += event.duration
             index += 1
+            frames = _rendered(event, turn)
+            if frames is not None and not cancelled():
+                emit(frames)
+                timings.mark("first_video")
     reason = reason or cancelled()
     stop_llm.set()
     # a cancelled turn, or an LLM that timed out or failed: stop its generation and keep
@@ -302,15 +313,6 @@ def _animated(text: str, index: int, position: float, speech: Speech, turn: _Tur
     )
     timings.add("animation", started)
     blendshapes, pose = animation.blendshapes[:frames], animation.head_pose[:frames]
-    video = None
-    if stages.render is not None and controls.render:
-        started = time.perf_counter()
-        try:
-            video = stages.render(blendshapes, pose, controls.face)
-        except Exception as error:  # frames are optional: audio and blendshapes still go
-            turn.errors.append(f"render: {error}")
-            log.warning("sentence %d without video: %s", index, error)
-        timings.add("render", started)
     return SentenceEvent(
         index=index,
         text=text,
@@ -322,8 +324,25 @@ def _animated(text: str, index: int, position: float, speech: Speech, turn: _Tur
         blendshapes=blendshapes,
         head_pose=pose,
         animation=animation_json(animation, controls),
-        frames=video,
     )
+
+
+def _rendered(event: SentenceEvent, turn: _Turn) -> FramesEvent | None:
+    """The sentence's frames drawn by the face the request names, or None (not asked for,
+    no renderer served, nothing to draw, or the renderer failed: the turn goes on)."""
+    stages, controls = turn.stages, turn.request.controls
+    if stages.render is None or not controls.render or not len(event.blendshapes):
+        return None
+    started = time.perf_counter()
+    try:
+        video = stages.render(event.blendshapes, event.head_pose, controls.face)
+    except Exception as error:  # frames are optional: audio and blendshapes went out
+        turn.errors.append(f"render: {error}")
+        log.warning("sentence %d without video: %s", event.index, error)
+        return None
+    finally:
+        turn.timings.add("render", started)
+    return None if video is None else FramesEvent(event.index, event.start, event.fps, video)
 
 
 def sentence_emotion(

@@ -258,7 +258,7 @@ class BaselineResults:
 def run(url: str, scenario: Scenario) -> BaselineResults:
     """Warm both sides up, then per session count: the baseline, then Triton."""
     from avatar.pipeline.local import local_stages
-    from perf.inputs import local_config, local_models
+    from serving.served import local_config, local_models
 
     config = local_config(prefix_cache_entries=0)
     with local_stages(local_models(scenario.render), config) as stages:

@@ -52,7 +52,7 @@ def _in_process(settings, max_tokens: int):
     from avatar.tts.voice import packaged_voice
     from export.common import onnx_session
     from export.registry import ensure_all
-    from perf.inputs import served_onnx
+    from serving.served import served_onnx
 
     art = ensure_all(["llm_decoder", "tts_vits"])
     decoder, tokenizer = (
@@ -120,7 +120,7 @@ def served(rounds: int = 2, max_tokens: int = 64, url: str | None = None) -> dic
     url: a running server's gRPC address instead of an embedded one."""
     from clients.avatar_stream import stream_turn
     from perf.harness import serve
-    from perf.inputs import served_parameters
+    from serving.served import served_parameters
 
     words = int(served_parameters("llm")["first_clause_words"])
     engines, synth, voice = _in_process((words,), max_tokens)

@@ -118,7 +118,7 @@ def _engine(folder: Path):
     from avatar.llm.decoder import OrtDecoder
     from avatar.llm.engine import ChatEngine, EngineConfig
     from avatar.llm.tokenizer import Tokenizer
-    from perf.inputs import served_onnx
+    from serving.served import served_onnx
 
     engine = ChatEngine(
         OrtDecoder(served_onnx("llm_decoder"), threads=1), Tokenizer(folder), EngineConfig()

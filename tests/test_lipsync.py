@@ -129,7 +129,7 @@ def test_int8_variant_keeps_the_visemes(artifact: Path, heldout_speech) -> None:
     """The served INT8 graph's gate, recomputed on other held-out sentences: frame accuracy
     within 1 point of FP32's, p/b/m closures kept, and it is the graph the CPU serves."""
     from export.lipsync.int8 import VARIANT_FILE
-    from perf.inputs import served_onnx
+    from serving.served import served_onnx
 
     record = Sidecar.load(artifact).validation["variants"][VARIANT_FILE]
     assert record["passes_gate"] and record["faster"], record

@@ -16,7 +16,7 @@ from avatar.audio import reference_speech, write_wav
 from clients.lipsync import CONTEXT_S, WINDOW_S, infer_windows, main, viseme_probs, windows
 from export.common import onnx_session
 from export.lipsync.recipe import OUTPUTS
-from perf.inputs import served_onnx
+from serving.served import served_onnx
 from serving.server import EmbeddedServer
 
 RATE = 16000

@@ -11,7 +11,7 @@ import threading
 import numpy as np
 import pytest
 
-from perf.inputs import served_onnx
+from serving.served import served_onnx
 
 pytestmark = pytest.mark.server
 LLM_MODELS = ("llm", "llm_decoder")

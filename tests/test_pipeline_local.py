@@ -27,7 +27,7 @@ SHORT = {"max_tokens": 24, "seed": 1}
 
 @pytest.fixture(scope="module")
 def stages():
-    from perf.inputs import local_config, local_models
+    from serving.served import local_config, local_models
 
     with local_stages(local_models(render=True), local_config()) as stages:
         yield stages

@@ -19,7 +19,8 @@ test: artifacts
 	scripts/setup.sh --tests
 	$(PY) -m export gates
 	$(PY) -m pytest -m "not slow" --durations=25
-lint: setup
+lint:
+	scripts/setup.sh --dev
 	$(VENV)/bin/ruff format --check . && $(VENV)/bin/ruff check .
 perf: artifacts
 	$(PY) -m perf suite

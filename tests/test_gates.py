@@ -178,6 +178,7 @@ def test_a_real_variant_built_twice_is_the_same_file_with_the_same_verdict(tmp_p
     (again / "model.onnx").symlink_to(folder / "model.onnx")
     record = build_variant(again)
     assert sha256_file(again / VARIANT_FILE) == sha256_file(folder / VARIANT_FILE)
-    assert (again / RANGES_FILE).read_bytes() == (folder / RANGES_FILE).read_bytes()
+    ranges = [json.loads((f / RANGES_FILE).read_text()) for f in (again, folder)]
+    assert ranges[0] == ranges[1]  # the same ranges (the quantizer writes them in any order)
     assert record["passes_gate"] == built["passes_gate"]
     assert gates.probe_differs(record["probe"], built["probe"]) is None

@@ -142,10 +142,12 @@ def test_setting_copies_carry_their_settings(
         assert files and all(f.is_symlink() or f.suffix == ".py" for f in files), files
         if "onnx_file" in values:  # the graph the copy serves is there
             assert (copy / "1" / values["onnx_file"]).resolve().is_file()
-    if setting == "fp32":  # today serves the INT8 graphs this setting replaces
+    if setting == "fp32":  # today serves the INT8 graphs whose gates passed; this replaces them
+        from serving.served import served_onnx
+
         for name in ("llm_decoder", "tts_vits", "emotion_encoder"):
             today = parse_config(tmp_path / name / "config.pbtxt")
-            assert today.parameters["onnx_file"].string_value == "model.int8.onnx", name
+            assert today.parameters["onnx_file"].string_value == served_onnx(name).name, name
 
 
 def test_endpointing_counts_questions_cut_at_a_pause() -> None:

@@ -27,6 +27,7 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
+from avatar.session_tokens import SECRET_ENV
 from serving.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -125,6 +126,8 @@ class ServerOptions:
     """
 
     model_repository: Path
+    # the interface every port binds: loopback unless the operator opens it ("0.0.0.0")
+    host: str = "127.0.0.1"
     http_port: int = 0
     grpc_port: int = 0
     metrics_port: int = 0
@@ -139,6 +142,9 @@ class ServerOptions:
     # reload a model whose python-backend stub died, restart a server that exited
     # (serving.supervisor); needs explicit model control, so every model is loaded by name
     heal: bool = False
+    # the secret of the session tokens (avatar/session_tokens.py) its models make and
+    # verify; "" leaves $AVATAR_SESSION_SECRET as it is (none: callers' ids are trusted)
+    session_secret: str = ""
     extra_args: Sequence[str] = ()
 
     def access_args(self) -> list[str]:
@@ -212,16 +218,22 @@ class EmbeddedServer:
         self.supervisor: Supervisor | None = None
 
     @property
+    def _address(self) -> str:
+        """Where clients on this machine reach it (loopback when it binds every interface)."""
+        host = self.options.host
+        return "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
+
+    @property
     def http_url(self) -> str:
-        return f"127.0.0.1:{self.options.http_port}"
+        return f"{self._address}:{self.options.http_port}"
 
     @property
     def grpc_url(self) -> str:
-        return f"127.0.0.1:{self.options.grpc_port}"
+        return f"{self._address}:{self.options.grpc_port}"
 
     @property
     def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.options.metrics_port}/metrics"
+        return f"http://{self._address}:{self.options.metrics_port}/metrics"
 
     def command(self) -> list[str]:
         opts = self.options
@@ -230,9 +242,12 @@ class EmbeddedServer:
             str(self.installation.binary),
             f"--model-repository={opts.model_repository}",
             f"--backend-directory={backends}",
+            f"--http-address={opts.host}",
             f"--http-port={opts.http_port}",
+            f"--grpc-address={opts.host}",
             f"--grpc-port={opts.grpc_port}",
             f"--metrics-port={opts.metrics_port}",
+            f"--metrics-address={opts.host}",
             "--allow-metrics=true",
             "--allow-gpu-metrics=false",
             "--strict-readiness=true",
@@ -254,6 +269,8 @@ class EmbeddedServer:
         # first `python3` on PATH: put this interpreter's bin first so that the stubs see
         # the same virtual environment (and this editable-installed project) as we do.
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        if self.options.session_secret:
+            env[SECRET_ENV] = self.options.session_secret
         return env
 
     def start(self) -> EmbeddedServer:

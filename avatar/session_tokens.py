@@ -1,0 +1,91 @@
+"""Session tokens: the server makes session ids and binds each to whoever holds its token.
+
+A token is `s1.<id>.<mac>`: a random 128-bit id and an HMAC-SHA256 of it under the
+operator's session secret, so any process that holds the secret (every Triton replica,
+every gateway) verifies a token without shared state, and nobody without the secret can
+name a session it was not given. The id alone (not secret) is what the conversation store
+keys and the load balancer hashes (the `session-id` header); the token is a bearer
+credential and is never logged.
+
+The secret comes from the environment: AVATAR_SESSION_SECRET, or a file named by
+AVATAR_SESSION_SECRET_FILE (a Kubernetes Secret mounted as a file). A server with neither
+trusts the session ids its callers choose (the embedded server's tests; `avatar serve`
+and the deployments always set one).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import os
+import re
+import secrets
+from collections.abc import Mapping
+from pathlib import Path
+
+from avatar.errors import RequestError
+
+SECRET_ENV = "AVATAR_SESSION_SECRET"
+SECRET_FILE_ENV = "AVATAR_SESSION_SECRET_FILE"
+NEW_SESSION = "new"  # a session_id that asks the server for a new session (and its token)
+AFFINITY_HEADER = "session-id"  # what the load balancer hashes (deploy/haproxy)
+MIN_SECRET_BYTES = 16
+_PREFIX = "s1"
+_TOKEN = re.compile(r"^s1\.([0-9a-f]{32})\.([A-Za-z0-9_-]{32})$")
+
+
+class SessionTokens:
+    """Mints and verifies the session tokens of one secret."""
+
+    def __init__(self, secret: bytes | str) -> None:
+        key = secret.encode() if isinstance(secret, str) else bytes(secret)
+        if len(key) < MIN_SECRET_BYTES:
+            raise ValueError(
+                f"the session secret has {len(key)} bytes: expected at least {MIN_SECRET_BYTES}"
+            )
+        self._key = key
+
+    @classmethod
+    def from_environment(cls, env: Mapping[str, str] | None = None) -> SessionTokens | None:
+        """The tokens of $AVATAR_SESSION_SECRET or the file $AVATAR_SESSION_SECRET_FILE
+        names; None when neither is set."""
+        env = os.environ if env is None else env
+        if env.get(SECRET_ENV):
+            return cls(env[SECRET_ENV])
+        if env.get(SECRET_FILE_ENV):
+            path = Path(env[SECRET_FILE_ENV])
+            try:
+                return cls(path.read_bytes().strip())
+            except OSError as error:
+                raise ValueError(f"{SECRET_FILE_ENV}={path}: {error.strerror}") from None
+        return None
+
+    def _mac(self, session_id: str) -> str:
+        digest = hmac.new(self._key, f"{_PREFIX}.{session_id}".encode(), hashlib.sha256)
+        return base64.urlsafe_b64encode(digest.digest()[:24]).decode()
+
+    def mint(self) -> str:
+        """A new session's token."""
+        session_id = secrets.token_hex(16)
+        return f"{_PREFIX}.{session_id}.{self._mac(session_id)}"
+
+    def verify(self, token: str, what: str = "session_id") -> str:
+        """The session id that `token` holds; RequestError when it is not a token this
+        secret made (the message never repeats the token)."""
+        match = _TOKEN.match(token.strip()) if isinstance(token, str) else None
+        if match is None:
+            raise RequestError(
+                f"{what} is not a session token: expected the token the server returned "
+                f"for the session (s1.<id>.<mac>), or {NEW_SESSION!r} for a new session"
+            )
+        session_id, mac = match.groups()
+        if not hmac.compare_digest(mac, self._mac(session_id)):
+            raise RequestError(f"{what} is not a session this server made (its signature is wrong)")
+        return session_id
+
+
+def session_of(token: str) -> str:
+    """The id part of a well-formed token (unverified: for routing and logs), else ""."""
+    match = _TOKEN.match(token.strip()) if isinstance(token, str) else None
+    return match.group(1) if match else ""

@@ -24,7 +24,7 @@ import secrets
 from collections.abc import Mapping
 from pathlib import Path
 
-from avatar.errors import RequestError
+from avatar.errors import RequestError, check_session_id
 
 SECRET_ENV = "AVATAR_SESSION_SECRET"
 SECRET_FILE_ENV = "AVATAR_SESSION_SECRET_FILE"
@@ -89,3 +89,24 @@ def session_of(token: str) -> str:
     """The id part of a well-formed token (unverified: for routing and logs), else ""."""
     match = _TOKEN.match(token.strip()) if isinstance(token, str) else None
     return match.group(1) if match else ""
+
+
+def resolve(
+    tokens: SessionTokens | None, value: str, what: str = "session_id", *, allow_new: bool = True
+) -> tuple[str, str]:
+    """A `session_id`-like input -> (the token its holder keeps using, the id its memory is
+    kept under); ("", "") for none. `NEW_SESSION` makes a session (when `allow_new`).
+    Without `tokens` (no secret configured) the callers' own ids are trusted as they are."""
+    value = value.strip() if isinstance(value, str) else ""
+    if not value:
+        return "", ""
+    if value == NEW_SESSION and allow_new:
+        if tokens is None:
+            fresh = secrets.token_hex(16)
+            return fresh, fresh
+        token = tokens.mint()
+        return token, session_of(token)
+    if tokens is None:
+        value = check_session_id(value, what)
+        return value, value
+    return value, tokens.verify(value, what)

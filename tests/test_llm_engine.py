@@ -13,10 +13,13 @@ from avatar.llm.decoder import OrtDecoder
 from avatar.llm.engine import ChatEngine, EngineConfig
 from avatar.llm.sampling import SamplingParams
 from avatar.llm.scheduler import Event
+from avatar.llm.session import RedisStore
 from avatar.llm.tokenizer import Tokenizer
+from avatar.session_tokens import NEW_SESSION, SessionTokens
 from avatar.sidecar import Sidecar
 from export.common import ensure
 from export.llm.recipe import LlmDecoderRecipe
+from serving.server import free_port
 
 pytest.importorskip("torch")
 GREEDY = json.dumps({"temperature": 0, "max_tokens": 24})
@@ -346,3 +349,55 @@ def test_warm_up_caches_the_persona_for_the_first_turn(artifact, decoder):
     eng.scheduler.run_until_idle()
     _, end = run(eng, "Where is the lift?")
     assert end.stats["cached_tokens"] >= 20  # the persona's tokens, before any real turn
+
+
+SECRET = "a-session-secret-for-tests-0123456789"
+
+
+def test_sessions_are_server_made_tokens_that_only_their_holder_names(artifact, decoder):
+    """With a session secret, "new" makes a session whose token comes back in the final
+    stats; a chosen id, another session's bare id or a forged token is refused, for turns,
+    forks and stops alike (a stranger cannot read, fork or rewrite a conversation)."""
+    tokens = SessionTokens(SECRET)
+    config = EngineConfig(sampling=SamplingParams(temperature=0, max_tokens=12))
+    eng = ChatEngine(decoder, Tokenizer(artifact), config, tokens=tokens)
+    _, end = run(eng, "My name is Zebulon and my code is 4417.", session=NEW_SESSION)
+    token = end.stats["session_id"]
+    session_id = tokens.verify(token)
+    _, end = run(eng, "What is my name?", session=token)
+    assert end.stats["session_id"] == token
+    assert [m.role for m in eng.sessions.history(session_id)][1:] == ["user", "assistant"] * 2
+    for victim in (session_id, "chat", token[:-1] + ("A" if token[-1] != "A" else "B")):
+        with pytest.raises(RequestError):
+            eng.parse(turn("What is my secret code?"), victim, GREEDY)
+        with pytest.raises(RequestError):
+            eng.parse(turn("What is my code?"), NEW_SESSION, GREEDY, parent_session_id=victim)
+        with pytest.raises(RequestError):
+            eng.stop("any-request", "I insult you.", victim)
+    fork = eng.parse(turn("And my code?"), NEW_SESSION, GREEDY, parent_session_id=token)
+    assert fork.messages[1].content.startswith("My name is Zebulon")  # a fork of one's own
+
+
+def test_two_replicas_share_a_conversation_through_redis(artifact, decoder, redis_url):
+    """Two engines (two replicas) with one Redis: what the user told one, the other knows;
+    each keeps its own KV cache, so the second reads the whole history as a new prompt."""
+    config = EngineConfig(sampling=SamplingParams(temperature=0, max_tokens=24))
+    first = ChatEngine(decoder, Tokenizer(artifact), config, store=RedisStore(redis_url))
+    second = ChatEngine(decoder, Tokenizer(artifact), config, store=RedisStore(redis_url))
+    run(first, "My name is Zebulon.", session="s")
+    request = second.parse(turn("What is my name?"), "s", GREEDY)
+    assert [m.role for m in request.messages] == ["system", "user", "assistant", "user"]
+    assert request.messages[1].content == "My name is Zebulon."
+    run(second, "What is my name?", session="s")
+    assert len(first.sessions.history("s")) == 5
+
+
+def test_a_dead_store_costs_the_memory_not_the_turn(artifact, decoder):
+    """Redis down: the turn is answered (without its history), the final stats say what
+    was lost, and nothing waits longer than the store's timeout."""
+    config = EngineConfig(sampling=SamplingParams(temperature=0, max_tokens=12))
+    store = RedisStore(f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.3)
+    eng = ChatEngine(decoder, Tokenizer(artifact), config, store=store)
+    text, end = run(eng, "Hello, who are you?", session="s")
+    assert text.strip() and end.finish_reason in ("stop", "length")
+    assert "conversation store" in end.stats["memory_error"]

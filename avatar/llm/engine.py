@@ -18,16 +18,17 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from avatar.errors import RequestError, check_session_id, parse_json
+from avatar.errors import RequestError, parse_json
 from avatar.llm.cache import PrefixCache
 from avatar.llm.decoder import Decoder
 from avatar.llm.sampling import Sampler, SamplingParams
 from avatar.llm.scheduler import Event, Generation, Scheduler
 from avatar.llm.sequences import KvCacheSequences, SequenceDecoder
-from avatar.llm.session import SessionStore, bound_context
+from avatar.llm.session import ConversationStore, MemoryStore, StoreError, bound_context
 from avatar.llm.stream import SentenceSplitter, TextStream
 from avatar.llm.template import MAX_PROMPT_CHARS, Message, parse_messages, with_persona
 from avatar.llm.tokenizer import Tokenizer
+from avatar.session_tokens import SessionTokens, resolve
 
 DEFAULT_PERSONA = (
     "You are Mia, a warm and cheerful receptionist avatar. "
@@ -41,7 +42,7 @@ class EngineConfig:
     context_tokens: int = 1024  # prompt + reply; older turns are dropped to fit
     max_batch: int = 8
     prefix_cache_entries: int = 16
-    sessions: int = 256
+    sessions: int = 4096  # conversations the in-process store keeps
     max_prompt_chars: int = MAX_PROMPT_CHARS
     # > 0: a reply's first piece for TTS may end at a clause break after this many words
     first_clause_words: int = 0
@@ -54,24 +55,32 @@ class ChatRequest:
 
     messages: list[Message]
     new_messages: list[Message]
-    session_id: str
+    session_id: str  # the id its memory is kept under ("" for none)
     sampling: SamplingParams
+    session_token: str = ""  # what the caller holds (returned in the final stats)
+    memory_error: str = ""  # the store failed to give the history: answered without it
 
 
 class ChatEngine:
-    """Thin glue over Tokenizer + SessionStore + PrefixCache + Scheduler."""
+    """Thin glue over Tokenizer + ConversationStore + PrefixCache + Scheduler."""
 
     def __init__(
         self,
         decoder: SequenceDecoder | Decoder,
         tokenizer: Tokenizer,
         config: EngineConfig | None = None,
+        *,
+        store: ConversationStore | None = None,
+        tokens: SessionTokens | None = None,
     ):
         """`decoder`: a `SequenceDecoder` (e.g. `llm_decoder` through Triton, which keeps the
-        KV caches), or a stateless `Decoder` run in-process with a prefix cache."""
+        KV caches), or a stateless `Decoder` run in-process with a prefix cache. `store`:
+        where conversations live (default: this process's memory). `tokens`: session ids
+        must be tokens of this secret (avatar/session_tokens.py); None trusts callers' ids."""
         self.config = config or EngineConfig()
         self.tokenizer = tokenizer
-        self.sessions = SessionStore(self.config.sessions)
+        self.sessions = store if store is not None else MemoryStore(self.config.sessions)
+        self.tokens = tokens
         self._lock = threading.Lock()
         # (session id, request id) -> its generations while generating (a client may reuse
         # ids: a stop ends all of them); the most recent finished ones stay in `_recent`,
@@ -100,8 +109,10 @@ class ChatEngine:
         """Decode and validate a request; raise RequestError saying what is wrong. A session
         with no memory yet starts from `parent_session_id`'s (a fork: the gateway's
         speculative turn answers in a copy of the conversation, kept only if confirmed)."""
-        session_id = check_session_id(session_id)
-        parent_session_id = check_session_id(parent_session_id, "parent_session_id")
+        token, session_id = resolve(self.tokens, session_id)
+        _, parent_session_id = resolve(
+            self.tokens, parent_session_id, "parent_session_id", allow_new=False
+        )
         data = parse_json(messages_json, "messages")
         new = parse_messages(data, self.config.max_prompt_chars)
         sampling = self.config.sampling
@@ -110,9 +121,13 @@ class ChatEngine:
             if not isinstance(raw, dict):
                 raise RequestError("sampling must be a JSON object")
             sampling = SamplingParams.from_json(raw, self.config.sampling)
-        history = self.sessions.history(session_id) if session_id else []
-        if session_id and not history and parent_session_id:
-            history = self.sessions.history(parent_session_id)
+        memory_error = ""
+        try:
+            history = self.sessions.history(session_id) if session_id else []
+            if session_id and not history and parent_session_id:
+                history = self.sessions.history(parent_session_id)
+        except StoreError as error:  # answered without its memory; said in the final stats
+            history, memory_error = [], str(error)
         if new[0].role == "system" and history:
             history = history[1:] if history[0].role == "system" else history
             full = [new[0], *history, *new[1:]]
@@ -125,7 +140,7 @@ class ChatEngine:
                 f"context of {self.config.context_tokens} tokens"
             )
         full = bound_context(full, self.count_tokens, budget)
-        return ChatRequest(full, new, session_id, sampling)
+        return ChatRequest(full, new, session_id, sampling, token, memory_error)
 
     def count_tokens(self, messages: list[Message]) -> int:
         tokenizer = self.tokenizer
@@ -151,14 +166,21 @@ class ChatEngine:
         def on_event(event: Event) -> None:
             reply.extend(c.text for c in event.chunks)
             if event.finish_reason is not None:
+                memory_error = request.memory_error
                 with self._lock:
                     if event.finish_reason in ("stop", "length") and not generation.stopped:
-                        self._remember(request, "".join(reply))
+                        memory_error = self._remember(request, "".join(reply)) or memory_error
                     if request_id:
                         self._forget_running(key, generation)
                         self._recent[key] = request
                         while len(self._recent) > self.config.sessions:
                             self._recent.popitem(last=False)
+                if request.session_token or memory_error:
+                    event.stats = dict(event.stats or {})
+                    if request.session_token:
+                        event.stats["session_id"] = request.session_token
+                    if memory_error:
+                        event.stats["memory_error"] = memory_error
             emit(event)
 
         generation = Generation(
@@ -185,6 +207,7 @@ class ChatEngine:
         """
         if not request_id:
             raise RequestError("stop needs the request id of the generation to stop")
+        _, session_id = resolve(self.tokens, session_id, allow_new=False)
         key = (session_id, request_id)
         with self._lock:
             running = self._running.get(key)
@@ -196,7 +219,11 @@ class ChatEngine:
                 request, outcome = self._recent[key], "ended"
             else:
                 return "unknown"
-            if spoken is not None and self._is_latest_turn(request, outcome == "stopped"):
+            try:
+                latest = self._is_latest_turn(request, outcome == "stopped")
+            except StoreError:
+                latest = False  # the store is down: nothing to correct there now
+            if spoken is not None and latest:
                 self._remember(request, spoken)
         return outcome
 
@@ -212,13 +239,18 @@ class ChatEngine:
         with self._lock:
             return sum(len(v) for v in self._running.values())
 
-    def _remember(self, request: ChatRequest, answer: str) -> None:
-        """Save the session as this request's messages + the answer (caller holds _lock)."""
+    def _remember(self, request: ChatRequest, answer: str) -> str:
+        """Save the session as this request's messages + the answer (caller holds _lock);
+        "" or why the store did not take it."""
         if not request.session_id:
-            return
+            return ""
         answer = answer.strip()
         reply = [Message("assistant", answer)] if answer else []
-        self.sessions.save(request.session_id, [*request.messages, *reply])
+        try:
+            self.sessions.save(request.session_id, [*request.messages, *reply])
+        except StoreError as error:
+            return str(error)
+        return ""
 
     def _is_latest_turn(self, request: ChatRequest, running: bool) -> bool:
         """True unless a newer turn of the session was saved since (so its memory stays)."""

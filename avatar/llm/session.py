@@ -1,41 +1,152 @@
-"""Conversation memory per session id with a bounded context: the oldest turns are dropped
-(the system prompt is kept) so that prompt + reply fit in the context budget."""
+"""Conversation memory per session, with a bounded context: the oldest turns are dropped
+(the system prompt is kept) so that prompt + reply fit in the context budget.
+
+Two stores, one interface (`history`, `save`): `MemoryStore`, in this process (the
+embedded single server's default), and `RedisStore`, shared by every replica so that a
+conversation survives the replica that held it. A session's record is written whole, in
+one command, once per turn (so a reader never sees half a turn), and expires after
+`ttl_s` without a turn. The LLM's KV/prefix cache stays local to a replica: the load
+balancer's session affinity makes it hit; correctness never depends on it.
+"""
 
 from __future__ import annotations
 
+import json
+import logging
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from avatar.errors import RequestError
 from avatar.llm.template import Message
 
+log = logging.getLogger(__name__)
+SESSION_TTL_S = 24 * 3600.0  # a conversation untouched this long is forgotten
+STORE_URL_ENV = "AVATAR_REDIS_URL"  # the llm model's store when its config names none
 
-class SessionStore:
-    """session id -> message history (LRU, at most `capacity` sessions), thread-safe."""
 
-    def __init__(self, capacity: int = 256):
-        self.capacity = capacity
-        self._sessions: OrderedDict[str, list[Message]] = OrderedDict()
+class StoreError(RuntimeError):
+    """The shared store did not answer (down, slow, or refused): the turn goes on without
+    that memory; the message says what failed."""
+
+
+class ConversationStore(Protocol):
+    def history(self, session_id: str) -> list[Message]: ...
+
+    def save(self, session_id: str, messages: Sequence[Message]) -> None: ...
+
+
+class MemoryStore:
+    """session id -> message history in this process, thread-safe; at most `capacity`
+    sessions, each forgotten `ttl_s` after its last turn.
+
+    When full, a new conversation evicts the least recently used one that has had at most
+    one exchange before any longer one: conversations that cost a stranger a single turn
+    each cannot push out the real ones (the gateway also caps connections per address)."""
+
+    def __init__(self, capacity: int = 4096, ttl_s: float = SESSION_TTL_S):
+        self.capacity, self.ttl_s = capacity, ttl_s
+        self._sessions: OrderedDict[str, tuple[float, list[Message]]] = OrderedDict()
         self._lock = threading.Lock()
-        self._touched: dict[str, float] = {}
 
     def history(self, session_id: str) -> list[Message]:
         with self._lock:
-            return list(self._sessions.get(session_id, []))
+            entry = self._sessions.get(session_id)
+            if entry is None:
+                return []
+            if time.monotonic() - entry[0] > self.ttl_s:
+                del self._sessions[session_id]
+                return []
+            return list(entry[1])
 
     def save(self, session_id: str, messages: Sequence[Message]) -> None:
         with self._lock:
-            self._sessions[session_id] = list(messages)
+            now = time.monotonic()
+            self._sessions[session_id] = (now, list(messages))
             self._sessions.move_to_end(session_id)
-            self._touched[session_id] = time.monotonic()
+            while self._sessions:
+                oldest, (touched, _) = next(iter(self._sessions.items()))
+                if now - touched <= self.ttl_s:
+                    break
+                del self._sessions[oldest]  # expired (in order of last use)
             while len(self._sessions) > self.capacity:
-                old, _ = self._sessions.popitem(last=False)
-                self._touched.pop(old, None)
+                del self._sessions[self._victim(session_id)]
+
+    def _victim(self, keep: str) -> str:
+        """The session to evict: the least recently used short one, else the LRU one."""
+        for session_id, (_, messages) in self._sessions.items():
+            if session_id != keep and sum(m.role == "user" for m in messages) <= 1:
+                return session_id
+        return next(iter(self._sessions))
 
     def __len__(self) -> int:
         return len(self._sessions)
+
+
+class RedisStore:
+    """The conversations in Redis (`url`: redis://host:port/db), one JSON value per session
+    (`avatar:session:<id>`), set with its time-to-live in one command. Every call is bounded
+    by `timeout_s`; after a failure the store is skipped for `retry_after_s` (a dead Redis
+    costs one timeout, not one per turn). Failures raise StoreError."""
+
+    KEY = "avatar:session:"
+
+    def __init__(
+        self,
+        url: str,
+        ttl_s: float = SESSION_TTL_S,
+        timeout_s: float = 0.5,
+        retry_after_s: float = 2.0,
+    ) -> None:
+        import redis  # the serve extra; only a replica configured for Redis imports it
+
+        self.url, self.ttl_s, self.retry_after_s = url, ttl_s, retry_after_s
+        self._client = redis.Redis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+        )
+        self._errors = (redis.RedisError, OSError)
+        self._down_until = 0.0
+        self.failures = 0  # counted for the llm model's metric
+
+    def _call(self, what: str, function: Callable[[], Any]) -> Any:
+        if time.monotonic() < self._down_until:
+            raise StoreError(f"conversation store {what}: skipped, it failed moments ago")
+        try:
+            return function()
+        except self._errors as error:
+            self.failures += 1
+            self._down_until = time.monotonic() + self.retry_after_s
+            log.warning("conversation store %s failed: %s", what, error)
+            raise StoreError(f"conversation store {what} failed ({type(error).__name__})") from None
+
+    def history(self, session_id: str) -> list[Message]:
+        raw = self._call("read", lambda: self._client.get(self.KEY + session_id))
+        if raw is None:
+            return []
+        try:
+            record = json.loads(raw)
+            return [Message(m["role"], m["content"]) for m in record["messages"]]
+        except (ValueError, KeyError, TypeError):
+            raise StoreError(f"conversation store: session {session_id} is not a record") from None
+
+    def save(self, session_id: str, messages: Sequence[Message]) -> None:
+        record = {"v": 1, "messages": [{"role": m.role, "content": m.content} for m in messages]}
+        value = json.dumps(record, ensure_ascii=False)
+        ttl = max(1, int(self.ttl_s))
+        self._call("write", lambda: self._client.set(self.KEY + session_id, value, ex=ttl))
+
+
+def open_store(
+    url: str = "", capacity: int = 4096, ttl_s: float = SESSION_TTL_S
+) -> ConversationStore:
+    """The store a URL names: redis://... (or rediss://) -> RedisStore, "" -> MemoryStore."""
+    if not url:
+        return MemoryStore(capacity, ttl_s)
+    if url.split("://", 1)[0] not in ("redis", "rediss", "unix"):
+        raise ValueError(f"session store {url!r}: expected redis://HOST:PORT/DB or empty")
+    return RedisStore(url, ttl_s)
 
 
 def bound_context(

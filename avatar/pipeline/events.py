@@ -54,6 +54,7 @@ class FinalEvent:
     cancelled: str  # "" | "client" | "superseded"
     errors: list[str]
     timings: dict[str, Any]
+    session_id: str = ""  # the session's token: what the next turns send ("": no memory)
 
     def summary(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 
 from avatar.animation.pipeline import AnimationConfig
-from avatar.errors import RequestError, check_session_id, parse_json
+from avatar.errors import RequestError, parse_json
+from avatar.session_tokens import SessionTokens, resolve
 
 AUDIO_RATE = 16000
 MAX_TEXT_CHARS = 2000
@@ -126,8 +127,10 @@ def parse_turn(
     max_audio_s: float = 60.0,
     *,
     parent_session_id: str = "",
+    tokens: SessionTokens | None = None,
 ) -> TurnRequest:
-    """Validate the raw inputs of one turn; raises RequestError on bad input."""
+    """Validate the raw inputs of one turn; raises RequestError on bad input. With `tokens`
+    a session is named by its token ("new" makes one); without, callers' ids are trusted."""
     if (audio is None) == (text is None):
         raise RequestError("send exactly one of `audio` (16 kHz mono FP32) and `text` (STRING)")
     if audio is not None:
@@ -146,10 +149,12 @@ def parse_turn(
             raise RequestError("text is empty; expected the user's words")
         if len(text) > MAX_TEXT_CHARS:
             raise RequestError(f"text has {len(text)} characters; at most {MAX_TEXT_CHARS}")
+    session_token, _ = resolve(tokens, session_id)
+    parent_token, _ = resolve(tokens, parent_session_id, "parent_session_id", allow_new=False)
     return TurnRequest(
         audio,
         text or "",
-        check_session_id(session_id),
+        session_token,
         Controls.from_json(controls),
-        parent_session_id=check_session_id(parent_session_id, "parent_session_id"),
+        parent_session_id=parent_token,
     )

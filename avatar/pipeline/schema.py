@@ -105,6 +105,7 @@ OUTPUTS = {
         TensorSpec("video", "UINT8", (-1, -1, -1, 3)),
         TensorSpec("error", "BYTES", (1,)),
         TensorSpec("timings", "BYTES", (1,)),
+        TensorSpec("session_id", "BYTES", (1,)),
     )
 }
 
@@ -133,7 +134,12 @@ RESPONSES: dict[str, dict[str, tuple[str, str]]] = {
         "video": ("frames", ARRAY),
     },
     # the final response does not repeat the transcript; `cancelled` is in its timings
-    "final": {"text": ("reply", TEXT), "error": ("errors", JSON), "timings": ("timings", JSON)},
+    "final": {
+        "text": ("reply", TEXT),
+        "error": ("errors", JSON),
+        "timings": ("timings", JSON),
+        "session_id": ("session_id", TEXT),  # the token the next turns send
+    },
 }
 EVENTS: dict[type, str] = {
     TranscriptEvent: "transcript",

@@ -212,10 +212,16 @@ def run_turn(
     if producer is not None:
         producer.join(timeout=1.0)  # a drained stream may run on
         if producer.stats:
+            memory_error = producer.stats.pop("memory_error", "")
+            if memory_error:  # answered, but this turn may be forgotten
+                errors.append(f"memory: {memory_error}")
+            producer.stats.pop("session_id", None)  # the final response carries it
             timings.values["llm_stats"] = producer.stats
     timings.mark("total")
     timings.values.update(sentences=index, audio_s=round(position, 3))
-    final = FinalEvent(transcript, " ".join(said), reason, errors, timings.values)
+    final = FinalEvent(
+        transcript, " ".join(said), reason, errors, timings.values, request.session_id
+    )
     emit(final)
     return final
 

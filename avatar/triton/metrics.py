@@ -8,6 +8,7 @@ session state go away:
     avatar_active{model="avatar",what="turns"} 0
     avatar_active{model="llm",what="generations"} 0
     avatar_refused_total{model="avatar",reason="busy"} 3
+    avatar_failures_total{model="llm",what="session_store"} 1
 
 Imported only inside the python-backend stub.
 """
@@ -68,6 +69,21 @@ class Counter:
             pb_utils.MetricFamily.COUNTER,
         )
         self._metric = family.Metric(labels={"model": model, "reason": reason})
+
+    def increment(self) -> None:
+        self._metric.increment(1.0)
+
+
+class Failures:
+    """Failures a model survived (the turn was still answered), by what failed."""
+
+    def __init__(self, model: str, what: str):
+        family = _family(
+            "avatar_failures_total",
+            "Failures a python-backend model survived (the request was still answered)",
+            pb_utils.MetricFamily.COUNTER,
+        )
+        self._metric = family.Metric(labels={"model": model, "what": what})
 
     def increment(self) -> None:
         self._metric.increment(1.0)

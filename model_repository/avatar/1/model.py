@@ -19,6 +19,7 @@ from avatar.animation.emotion_classifier import EmotionClassifier, SentenceToken
 from avatar.pipeline import PipelineConfig, Speech, Stages, TurnRequest, parse_turn
 from avatar.pipeline.runner import RunnerConfig, Tensors, TurnRunner
 from avatar.pipeline.speech import TTS_OUTPUTS, speech_from_tts
+from avatar.session_tokens import SessionTokens
 from avatar.triton import bls
 from avatar.triton.diagnostics import enable_crash_reports
 from avatar.triton.metrics import Counter, Gauge
@@ -60,6 +61,8 @@ class TritonPythonModel:
         # also the longest silence of a tts stream before the sentence goes without audio
         self.tts_timeout_s = params.float("tts_timeout_s", 30.0)
         self.max_audio_s = params.float("max_audio_seconds", 60.0)
+        # session ids are tokens signed with $AVATAR_SESSION_SECRET (None: trusted as sent)
+        self.tokens = SessionTokens.from_environment()
         pipeline = PipelineConfig(
             llm_timeout_s=params.float("llm_timeout_s", PipelineConfig.llm_timeout_s),
             fallback_reply=params.str("fallback_reply", PipelineConfig.fallback_reply),
@@ -215,6 +218,7 @@ class TritonPythonModel:
                     _optional_text(request, "controls") or "",
                     self.max_audio_s,
                     parent_session_id=_optional_text(request, "parent_session_id") or "",
+                    tokens=self.tokens,
                 )
             except Exception as error:  # this request fails; the model keeps serving
                 pb_utils.Logger.log_warn(f"avatar: {type(error).__name__}: {error}")

@@ -11,6 +11,7 @@ one request of its sequence, all at once, and the sequence batcher runs them as 
 from __future__ import annotations
 
 import json
+import os
 import queue
 import threading
 import time
@@ -25,10 +26,12 @@ from avatar.llm.engine import ChatEngine, EngineConfig
 from avatar.llm.sampling import SamplingParams
 from avatar.llm.scheduler import Event
 from avatar.llm.sequences import SequenceDecoder, Step
+from avatar.llm.session import SESSION_TTL_S, STORE_URL_ENV, MemoryStore, open_store
 from avatar.llm.tokenizer import Tokenizer
+from avatar.session_tokens import SessionTokens
 from avatar.triton import bls
 from avatar.triton.diagnostics import enable_crash_reports
-from avatar.triton.metrics import Gauge
+from avatar.triton.metrics import Failures, Gauge
 from avatar.triton.params import ModelParameters
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -93,12 +96,18 @@ class TritonPythonModel:
         )
         decoder = TritonSequenceDecoder(decoder_model, config.max_batch)
         self.decoder = decoder
-        self.engine = ChatEngine(decoder, Tokenizer(folder), config)
+        store_url = params.str("session_store", "") or os.environ.get(STORE_URL_ENV, "")
+        store = open_store(store_url, config.sessions, params.float("session_ttl_s", SESSION_TTL_S))
+        tokens = SessionTokens.from_environment()
+        self.engine = ChatEngine(decoder, Tokenizer(folder), config, store=store, tokens=tokens)
+        self.memory_failures = Failures("llm", "session_store")
         self.engine.scheduler.start()
         threading.Thread(target=self._warm_up, name="llm-warm-up", daemon=True).start()
         self.generations, self.sessions = Gauge("llm", "generations"), Gauge("llm", "sessions")
+        where = "redis" if store_url else "memory"
         pb_utils.Logger.log_info(
-            f"llm: {folder.name} via {decoder_model}, batch {config.max_batch}"
+            f"llm: {folder.name} via {decoder_model}, batch {config.max_batch}, conversations "
+            f"in {where}, session ids {'signed' if tokens else 'as callers send them'}"
         )
 
     def _warm_up(self, attempts: int = 60) -> None:
@@ -160,7 +169,10 @@ class TritonPythonModel:
             finally:
                 if event.finish_reason is not None:
                     self.generations.add(-1)
-                    self.sessions.set(len(self.engine.sessions))
+                    if isinstance(self.engine.sessions, MemoryStore):
+                        self.sessions.set(len(self.engine.sessions))
+                    if (event.stats or {}).get("memory_error"):
+                        self.memory_failures.increment()
 
         return counted
 

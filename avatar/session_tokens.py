@@ -18,16 +18,15 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import os
 import re
 import secrets
 from collections.abc import Mapping
-from pathlib import Path
 
+from avatar.credentials import read_secret
 from avatar.errors import RequestError, check_session_id
 
 SECRET_ENV = "AVATAR_SESSION_SECRET"
-SECRET_FILE_ENV = "AVATAR_SESSION_SECRET_FILE"
+SECRET_FILE_ENV = f"{SECRET_ENV}_FILE"  # read_secret's convention
 NEW_SESSION = "new"  # a session_id that asks the server for a new session (and its token)
 AFFINITY_HEADER = "session-id"  # what the load balancer hashes (deploy/haproxy)
 MIN_SECRET_BYTES = 16
@@ -50,16 +49,8 @@ class SessionTokens:
     def from_environment(cls, env: Mapping[str, str] | None = None) -> SessionTokens | None:
         """The tokens of $AVATAR_SESSION_SECRET or the file $AVATAR_SESSION_SECRET_FILE
         names; None when neither is set."""
-        env = os.environ if env is None else env
-        if env.get(SECRET_ENV):
-            return cls(env[SECRET_ENV])
-        if env.get(SECRET_FILE_ENV):
-            path = Path(env[SECRET_FILE_ENV])
-            try:
-                return cls(path.read_bytes().strip())
-            except OSError as error:
-                raise ValueError(f"{SECRET_FILE_ENV}={path}: {error.strerror}") from None
-        return None
+        secret = read_secret(SECRET_ENV, env)
+        return cls(secret) if secret else None
 
     def _mac(self, session_id: str) -> str:
         digest = hmac.new(self._key, f"{_PREFIX}.{session_id}".encode(), hashlib.sha256)

@@ -18,7 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from avatar.credentials import API_KEY_ENV, grpc_key_headers, read_secret
 from avatar.pipeline import schema
+from avatar.session_tokens import AFFINITY_HEADER, NEW_SESSION, session_of
 
 
 @dataclasses.dataclass
@@ -38,6 +40,12 @@ class TurnResult:
     @property
     def timings(self) -> dict[str, Any]:
         return self.final.get("timings", {})
+
+    @property
+    def session_id(self) -> str:
+        """The session's token from the final response: what the next turn sends ("" when
+        the turn had no session)."""
+        return self.final.get("session_id", "")
 
     @property
     def errors(self) -> list[str]:
@@ -99,8 +107,11 @@ def stream_turn(
     timeout_s: float = 300.0,
     silence_s: float = 60.0,
     model: str = "avatar",
+    headers: dict[str, str] | None = None,
 ) -> TurnResult:
     """Run one turn; `cancel_when(response)` True closes the stream with cancel_requests.
+    `session_id`: "new" starts a conversation, the token a turn returned (`session_id` of
+    the result) continues it, "" answers without memory. `headers`: e.g. the API key.
 
     The turn is abandoned (stream cancelled, `error` set) when no response came for
     `silence_s` or the turn ran longer than `timeout_s`. The server's own stage limits
@@ -115,13 +126,9 @@ def stream_turn(
     results: queue.Queue = queue.Queue()
     turn = TurnResult()
     client = grpcclient.InferenceServerClient(url)
-    # `session-id` metadata: a load balancer (deploy/k8s/envoy.yaml) hashes it, so every turn
-    # of a session reaches the replica that holds the session
-    # (gRPC metadata values are printable ASCII; other ids still work, without affinity)
-    affinity = session_id.isascii() and session_id.isprintable()
-    headers = {"session-id": session_id} if session_id and affinity else None
     client.start_stream(
-        callback=lambda result, error: results.put((result, error)), headers=headers
+        callback=lambda result, error: results.put((result, error)),
+        headers={**affinity_headers(session_id), **(headers or {})} or None,
     )
     started = time.perf_counter()
     ended = False  # the server closed the stream (final response or error)
@@ -152,6 +159,21 @@ def stream_turn(
         client.stop_stream(cancel_requests=not ended)
         client.close()
     return turn
+
+
+def api_key_headers() -> dict[str, str]:
+    """Triton's API key from $AVATAR_API_KEY (or the file $AVATAR_API_KEY_FILE names)."""
+    return grpc_key_headers(read_secret(API_KEY_ENV))
+
+
+def affinity_headers(session_id: str) -> dict[str, str]:
+    """The `session-id` metadata that the load balancer (deploy/haproxy) hashes, so that
+    every turn of a session reaches the replica whose KV cache holds it: a token's id (not
+    the token, a credential), or a trusted caller's own printable id; none for "new"."""
+    routed = session_of(session_id)
+    if not routed and session_id != NEW_SESSION and session_id.isascii():
+        routed = session_id if session_id.isprintable() else ""
+    return {AFFINITY_HEADER: routed} if routed else {}
 
 
 def _abandoned(model: str, silence_s: float, timeout_s: float, left: float) -> str:

@@ -20,8 +20,9 @@ from pathlib import Path
 import numpy as np
 
 from avatar.audio import read_wav, resample
+from avatar.session_tokens import NEW_SESSION
 from avatar.vad import SAMPLE_RATE
-from clients.avatar_stream import stream_turn
+from clients.avatar_stream import api_key_headers, stream_turn
 from clients.microphone import Speaker, listen, microphone_chunks
 from clients.say import finish, progress
 
@@ -37,7 +38,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--play", action="store_true", help="play the reply as it streams")
     parser.add_argument("--url", default="127.0.0.1:8001")
     parser.add_argument("--out", type=Path, default=Path("build/chat"))
-    parser.add_argument("--session", default="chat")
+    parser.add_argument(
+        "--session",
+        default=NEW_SESSION,
+        help='"new" (a conversation of its own; later --mic turns continue it), a session '
+        'token a turn returned, or "" for no memory',
+    )
     parser.add_argument("--controls", default="{}", help='JSON, e.g. {"max_tokens": 48}')
     args = parser.parse_args(argv)
     if (args.wav is None) == (not args.mic):
@@ -50,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
         log.error("%s", error)
         return 2
 
+    session = [args.session]  # the token the server returns replaces "new"
+    headers = api_key_headers()
+
     def turn(audio: np.ndarray, out: Path) -> int:
         def on_response(response: dict) -> None:
             progress(response)
@@ -59,10 +68,12 @@ def main(argv: list[str] | None = None) -> int:
         result = stream_turn(
             args.url,
             audio=audio,
-            session_id=args.session,
+            session_id=session[0],
             controls=json.loads(args.controls),
             on_response=on_response,
+            headers=headers,
         )
+        session[0] = result.session_id or session[0]
         return finish(result, out)
 
     try:

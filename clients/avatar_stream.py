@@ -101,6 +101,7 @@ def stream_turn(
     audio: np.ndarray | None = None,
     text: str | None = None,
     session_id: str = "",
+    parent_session_id: str = "",
     controls: dict[str, Any] | None = None,
     on_response: Callable[[dict[str, Any]], None] | None = None,
     cancel_when: Callable[[dict[str, Any]], bool] | None = None,
@@ -119,7 +120,11 @@ def stream_turn(
     import tritonclient.grpc as grpcclient
 
     tensors = schema.encode_request(
-        audio=audio, text=text, session_id=session_id, controls=controls
+        audio=audio,
+        text=text,
+        session_id=session_id,
+        parent_session_id=parent_session_id,
+        controls=controls,
     )
     inputs = [_input(name, array) for name, array in tensors.items()]
 

@@ -3,7 +3,8 @@
 # Re-running it is cheap: the pip step is skipped while pyproject.toml is unchanged.
 #   scripts/setup.sh          what `make demo` and `make live` need (serve, export, models)
 #   scripts/setup.sh --dev    + the dev extra (ruff, pytest, the deployment validators)
-#   scripts/setup.sh --tests  + the dev extra and Chromium (the live page's browser tests)
+#   scripts/setup.sh --tests  + the dev extra, Chromium (the live page's browser tests),
+#                             HAProxy and Redis (the load balancer and the conversation store)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -12,13 +13,16 @@ PYTHON=${PYTHON:-python3}
 # libb64-0d: perf_analyzer (tritonclient wheel) links against it.
 # pocketsphinx-testdata: real human recordings with transcripts (ASR word error rate).
 # With --tests also what the test suite needs: Chromium and its WebDriver (the live page
-# is tested in a real browser).
+# is tested in a real browser), HAProxy (deploy/haproxy/haproxy.cfg is checked and run) and
+# redis-server (the shared conversation store of the multi-replica run).
 missing_debs=()
 ldconfig -p | grep -q 'libb64.so.0d' || missing_debs+=(libb64-0d)
 [ -d /usr/share/pocketsphinx/test/data/librivox ] || missing_debs+=(pocketsphinx-testdata)
 if [ "${1:-}" = "--tests" ]; then
   command -v chromium >/dev/null || missing_debs+=(chromium)
   command -v chromedriver >/dev/null || missing_debs+=(chromium-driver)
+  command -v haproxy >/dev/null || missing_debs+=(haproxy)
+  command -v redis-server >/dev/null || missing_debs+=(redis-server)
 fi
 if ((${#missing_debs[@]})); then
   sudo_cmd=()

@@ -27,6 +27,7 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
+from avatar.credentials import GRPC_HEADER_PREFIX, KEY_HEADER
 from avatar.session_tokens import SECRET_ENV
 from serving.supervisor import Supervisor
 
@@ -110,8 +111,7 @@ PROTOCOLS = (
     "health", "metadata", "inference", "shared-memory", "model-config", "model-repository",
     "statistics", "trace", "logging",
 )  # fmt: skip
-DEFAULT_KEY_HEADER = "avatar-api-key"
-GRPC_HEADER_PREFIX = "triton-grpc-protocol-"  # Triton 2.51 checks `<prefix><header>` on gRPC
+DEFAULT_KEY_HEADER = KEY_HEADER
 
 
 @dataclasses.dataclass

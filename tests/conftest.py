@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import logging
 import shutil
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from serving.deployment import build_repository
-from serving.server import EmbeddedServer, ServerOptions, free_port
+from serving.server import EmbeddedServer, ServerOptions
 
 logging.getLogger("avatar").setLevel(logging.INFO)
 
@@ -55,28 +53,9 @@ def gateway(triton_server: EmbeddedServer) -> Iterator[str]:
 @pytest.fixture()
 def redis_url() -> Iterator[str]:
     """A real redis-server of its own on a free loopback port; its URL."""
-    from avatar.llm.session import RedisStore, StoreError
+    from serving.local_services import running_redis
 
-    binary = shutil.which("redis-server")
-    if binary is None:
+    if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed (scripts/setup.sh --tests installs it)")
-    port = free_port()
-    process = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                RedisStore(url).history("probe")
-                break
-            except StoreError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+    with running_redis() as url:
         yield url
-    finally:
-        process.kill()
-        process.wait()

@@ -4,6 +4,7 @@ replicas share it; a Redis that dies mid-conversation costs that memory, not the
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import pytest
@@ -103,8 +104,6 @@ def test_one_turn_strangers_cannot_evict_real_conversations():
 
 
 def test_redis_store_keeps_each_conversation_whole_with_a_time_to_live(redis_url):
-    import redis
-
     store = open_store(redis_url, ttl_s=120)
     assert isinstance(store, RedisStore)
     store.save("a", conversation("Zebulon here.", "Mon code est 4417 — ünïcode."))
@@ -113,15 +112,15 @@ def test_redis_store_keeps_each_conversation_whole_with_a_time_to_live(redis_url
         "Zebulon here.", "Mon code est 4417 — ünïcode."
     )  # another replica's store reads what this one wrote
     assert store.history("b") == conversation("other") and store.history("c") == []
-    ttl = redis.Redis.from_url(redis_url).ttl(RedisStore.KEY + "a")
+    ttl = store.client.command("TTL", RedisStore.KEY + "a")
     assert 100 < ttl <= 120
 
 
 def test_a_dead_redis_costs_a_bounded_wait_then_none(redis_url):
     store = RedisStore(redis_url, timeout_s=0.3, retry_after_s=5.0)
     store.save("a", conversation("hi"))
-    client = __import__("redis").Redis.from_url(redis_url)
-    client.shutdown(nosave=True)
+    with contextlib.suppress(OSError):  # it closes the connection instead of answering
+        RedisStore(redis_url).client.command("SHUTDOWN", "NOSAVE")
     started = time.monotonic()
     with pytest.raises(StoreError, match="read failed"):
         store.history("a")
@@ -132,5 +131,22 @@ def test_a_dead_redis_costs_a_bounded_wait_then_none(redis_url):
 
 def test_open_store_refuses_what_is_not_a_store_url():
     assert isinstance(open_store(""), MemoryStore)
-    with pytest.raises(ValueError, match="expected redis://"):
-        open_store("http://127.0.0.1:6379")
+    for url in ("http://127.0.0.1:6379", "rediss://127.0.0.1:6379", "redis://"):
+        with pytest.raises(ValueError, match="expected redis://"):
+            open_store(url)
+
+
+def test_a_password_and_a_database_from_the_url(redis_url):
+    """AUTH and SELECT from redis://:PASSWORD@HOST:PORT/DB; a wrong password is a
+    StoreError that names no secret."""
+    admin = RedisStore(redis_url).client
+    admin.command("CONFIG", "SET", "requirepass", "pa55word")
+    base = redis_url.replace("redis://", "redis://:pa55word@").rsplit("/", 1)[0]
+    store = RedisStore(base + "/3")
+    store.save("a", conversation("hi"))
+    assert store.history("a") == conversation("hi")
+    assert RedisStore(base + "/0").history("a") == []  # another database
+    wrong = RedisStore(base.replace("pa55word", "guess") + "/3")
+    with pytest.raises(StoreError) as error:
+        wrong.history("a")
+    assert "guess" not in str(error.value) and "pa55word" not in str(error.value)

@@ -11,10 +11,13 @@ balancer's session affinity makes it hit; correctness never depends on it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import socket
 import threading
 import time
+import urllib.parse
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -85,11 +88,92 @@ class MemoryStore:
         return len(self._sessions)
 
 
+class RespClient:
+    """A Redis connection speaking RESP2 over a socket: the few commands the store needs,
+    each bounded by `timeout_s`, one at a time (a lock), reconnecting after a failure.
+
+    Not redis-py: it imports `ssl`, which the python-backend stub's embedded Python lacks
+    (the `llm` model failed to load with it), and the store needs three commands."""
+
+    def __init__(self, url: str, timeout_s: float) -> None:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme != "redis" or not parts.hostname:
+            raise ValueError(f"session store {url!r}: expected redis://[:PASSWORD@]HOST:PORT/DB")
+        self.address = (parts.hostname, parts.port or 6379)
+        self.password = urllib.parse.unquote(parts.password) if parts.password else ""
+        self.username = urllib.parse.unquote(parts.username) if parts.username else ""
+        self.db = int(parts.path.strip("/") or 0)
+        self.timeout_s = timeout_s
+        self._socket: socket.socket | None = None
+        self._reader: Any = None
+        self._lock = threading.Lock()
+
+    def command(self, *args: str | bytes | int) -> Any:
+        """One command's reply: bytes, int, None or a list; RedisError for an error reply,
+        OSError when the server does not answer in time."""
+        with self._lock:
+            try:
+                if self._socket is None:
+                    self._connect()
+                return self._roundtrip(args)
+            except OSError:
+                self._close()
+                raise
+
+    def _connect(self) -> None:
+        self._socket = socket.create_connection(self.address, timeout=self.timeout_s)
+        self._reader = self._socket.makefile("rb")
+        if self.password:
+            auth = (self.username, self.password) if self.username else (self.password,)
+            self._roundtrip(("AUTH", *auth))
+        if self.db:
+            self._roundtrip(("SELECT", self.db))
+
+    def _roundtrip(self, args: Sequence[str | bytes | int]) -> Any:
+        encoded = [a if isinstance(a, bytes) else str(a).encode() for a in args]
+        message = b"*%d\r\n" % len(encoded) + b"".join(
+            b"$%d\r\n%s\r\n" % (len(a), a) for a in encoded
+        )
+        assert self._socket is not None
+        self._socket.sendall(message)
+        return self._reply()
+
+    def _reply(self) -> Any:
+        line = self._reader.readline()
+        if not line.endswith(b"\r\n"):
+            raise ConnectionError("the Redis connection closed")
+        kind, body = line[:1], line[1:-2]
+        if kind == b"+":
+            return body
+        if kind == b"-":
+            raise RedisError(body.decode(errors="replace"))
+        if kind == b":":
+            return int(body)
+        if kind == b"$":
+            size = int(body)
+            return None if size < 0 else self._reader.read(size + 2)[:-2]
+        if kind == b"*":
+            size = int(body)
+            return None if size < 0 else [self._reply() for _ in range(size)]
+        raise ConnectionError(f"not a Redis reply: {line[:20]!r}")
+
+    def _close(self) -> None:
+        if self._socket is not None:
+            with contextlib.suppress(OSError):
+                self._socket.close()
+        self._socket, self._reader = None, None
+
+
+class RedisError(RuntimeError):
+    """Redis answered with an error reply (e.g. a wrong password, out of memory)."""
+
+
 class RedisStore:
-    """The conversations in Redis (`url`: redis://host:port/db), one JSON value per session
-    (`avatar:session:<id>`), set with its time-to-live in one command. Every call is bounded
-    by `timeout_s`; after a failure the store is skipped for `retry_after_s` (a dead Redis
-    costs one timeout, not one per turn). Failures raise StoreError."""
+    """The conversations in Redis (`url`: redis://[:PASSWORD@]HOST:PORT/DB), one JSON value
+    per session (`avatar:session:<id>`), set with its time-to-live in one command. Every
+    call is bounded by `timeout_s`; after a failure the store is skipped for
+    `retry_after_s` (a dead Redis costs one timeout, not one per turn). Failures raise
+    StoreError."""
 
     KEY = "avatar:session:"
 
@@ -100,29 +184,24 @@ class RedisStore:
         timeout_s: float = 0.5,
         retry_after_s: float = 2.0,
     ) -> None:
-        import redis  # the serve extra; only a replica configured for Redis imports it
-
         self.url, self.ttl_s, self.retry_after_s = url, ttl_s, retry_after_s
-        self._client = redis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
-        )
-        self._errors = (redis.RedisError, OSError)
+        self.client = RespClient(url, timeout_s)
         self._down_until = 0.0
-        self.failures = 0  # counted for the llm model's metric
+        self.failures = 0
 
-    def _call(self, what: str, function: Callable[[], Any]) -> Any:
+    def _call(self, what: str, *command: str | bytes | int) -> Any:
         if time.monotonic() < self._down_until:
             raise StoreError(f"conversation store {what}: skipped, it failed moments ago")
         try:
-            return function()
-        except self._errors as error:
+            return self.client.command(*command)
+        except (OSError, RedisError) as error:
             self.failures += 1
             self._down_until = time.monotonic() + self.retry_after_s
             log.warning("conversation store %s failed: %s", what, error)
             raise StoreError(f"conversation store {what} failed ({type(error).__name__})") from None
 
     def history(self, session_id: str) -> list[Message]:
-        raw = self._call("read", lambda: self._client.get(self.KEY + session_id))
+        raw = self._call("read", "GET", self.KEY + session_id)
         if raw is None:
             return []
         try:
@@ -133,18 +212,18 @@ class RedisStore:
 
     def save(self, session_id: str, messages: Sequence[Message]) -> None:
         record = {"v": 1, "messages": [{"role": m.role, "content": m.content} for m in messages]}
-        value = json.dumps(record, ensure_ascii=False)
+        value = json.dumps(record, ensure_ascii=False).encode()
         ttl = max(1, int(self.ttl_s))
-        self._call("write", lambda: self._client.set(self.KEY + session_id, value, ex=ttl))
+        self._call("write", "SET", self.KEY + session_id, value, "EX", ttl)
 
 
 def open_store(
     url: str = "", capacity: int = 4096, ttl_s: float = SESSION_TTL_S
 ) -> ConversationStore:
-    """The store a URL names: redis://... (or rediss://) -> RedisStore, "" -> MemoryStore."""
+    """The store a URL names: redis://... -> RedisStore, "" -> MemoryStore."""
     if not url:
         return MemoryStore(capacity, ttl_s)
-    if url.split("://", 1)[0] not in ("redis", "rediss", "unix"):
+    if not url.startswith("redis://"):
         raise ValueError(f"session store {url!r}: expected redis://HOST:PORT/DB or empty")
     return RedisStore(url, ttl_s)
 

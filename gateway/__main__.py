@@ -1,21 +1,84 @@
-"""`python -m gateway --triton-url HOST:8001`: the live gateway against a running Triton."""
+"""`python -m gateway --triton-url HOST:8001`: the live gateway against a running Triton.
+
+Secrets come from the environment, never from flags (`ps` shows argv): the operator key
+$AVATAR_GATEWAY_KEY (or a file named by $AVATAR_GATEWAY_KEY_FILE), Triton's API key
+$AVATAR_API_KEY (or $AVATAR_API_KEY_FILE), the session secret $AVATAR_SESSION_SECRET (or
+$AVATAR_SESSION_SECRET_FILE)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
+import os
 from pathlib import Path
 
-from gateway.app import run
-from gateway.options import SessionOptions
+from avatar.credentials import API_KEY_ENV, KEY_HEADER, read_secret
+from gateway.access import Origins
+from gateway.app import Edge, run, ssl_context
+from gateway.limits import Limits
+from gateway.options import SessionOptions, load_personas
+from gateway.triton_client import TritonAccess
+
+ORIGINS_ENV = "AVATAR_GATEWAY_ORIGINS"
 
 
 def command_line() -> argparse.ArgumentParser:
     """The command line; every session default is SessionOptions'."""
     parser = argparse.ArgumentParser(prog="python -m gateway", description=__doc__)
     parser.add_argument("--triton-url", default="127.0.0.1:8001", help="Triton gRPC address")
-    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (0.0.0.0: every interface)"
+    )
     parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--tls-cert", type=Path, help="PEM certificate: serve https and wss")
+    parser.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
+    parser.add_argument(
+        "--origins",
+        default=os.environ.get(ORIGINS_ENV, ""),
+        help="comma-separated origins whose pages may use the gateway, besides its own "
+        f"(default ${ORIGINS_ENV})",
+    )
+    parser.add_argument(
+        "--no-local-origins",
+        action="store_true",
+        help="do not admit pages on localhost/127.0.0.1 (any port) by default",
+    )
+    parser.add_argument(
+        "--personas",
+        type=Path,
+        help='JSON {"name": "persona text", ...}: the personas a web client may choose by name',
+    )
+    parser.add_argument(
+        "--allow-persona-text",
+        action="store_true",
+        help="let web clients send free persona text (by default only the operator key may)",
+    )
+    parser.add_argument(
+        "--triton-key-header",
+        default=KEY_HEADER,
+        help=f"Triton's API key header (the key: ${API_KEY_ENV} or ${API_KEY_ENV}_FILE)",
+    )
+    parser.add_argument("--triton-ca", help="PEM root certificate: gRPC to Triton over TLS")
+    limits = Limits()
+    for name, help_ in [
+        ("max_connections", "open connections in all"),
+        ("max_per_address", "open connections per client address"),
+        ("messages_per_s", "messages a second per connection (beyond a burst)"),
+        ("audio_speed", "microphone audio, times real time (beyond a 2 s burst)"),
+        ("connects_per_s", "new connections a second per client address (beyond a burst)"),
+        ("idle_timeout_s", "close a connection that sent nothing for this long"),
+    ]:
+        value = getattr(limits, name)
+        parser.add_argument(
+            "--" + name.replace("_", "-"), type=type(value), default=value, help=help_
+        )
+    parser.add_argument(
+        "--max-utterance-s",
+        type=float,
+        default=SessionOptions.max_utterance_s,
+        help="an utterance this long is cut and not answered",
+    )
     parser.add_argument(
         "--end-silence-s",
         type=float,
@@ -89,7 +152,27 @@ def session_options(args: argparse.Namespace) -> SessionOptions:
         pause_first=not args.passes_alongside,
         model=args.model,
         asr_model=args.asr_model,
+        max_utterance_s=args.max_utterance_s,
+        personas=load_personas(args.personas),
+        allow_persona_text=args.allow_persona_text,
     )
+
+
+def edge(args: argparse.Namespace) -> Edge:
+    limits = Limits(
+        **{
+            f.name: getattr(args, f.name)
+            for f in dataclasses.fields(Limits)
+            if hasattr(args, f.name)
+        }
+    )
+    allowed = tuple(o.strip().rstrip("/") for o in args.origins.split(",") if o.strip())
+    return Edge.from_environment(limits, Origins(allowed, local=not args.no_local_origins))
+
+
+def triton_access(args: argparse.Namespace) -> TritonAccess:
+    key = read_secret(API_KEY_ENV)
+    return TritonAccess(key, args.triton_key_header, args.triton_ca)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -97,7 +180,16 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    run(args.triton_url, session_options(args), args.host, args.port, portrait=args.portrait)
+    run(
+        args.triton_url,
+        session_options(args),
+        args.host,
+        args.port,
+        portrait=args.portrait,
+        edge=edge(args),
+        triton_access=triton_access(args),
+        tls=ssl_context(args.tls_cert, args.tls_key),
+    )
 
 
 if __name__ == "__main__":

@@ -9,25 +9,80 @@ one the asyncio gRPC client of tritonclient runs on: one thread, no bridging.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import dataclasses
 import logging
+import secrets
+import ssl
 from pathlib import Path
 
 from aiohttp import WSMsgType, web
 
-from avatar.live_protocol import ProtocolError
+from avatar.credentials import read_secret
+from avatar.live_protocol import INPUT_RATE, ProtocolError
+from avatar.session_tokens import SessionTokens
+from gateway import protocol
+from gateway.access import (
+    KEY_ENV,
+    SUBPROTOCOL,
+    TOKEN_PROTOCOL_PREFIX,
+    TOKEN_TTL_S,
+    Access,
+    AccessTokens,
+    Origins,
+    offered_protocols,
+)
 from gateway.hearing import PassBudget
+from gateway.limits import ConnectionCaps, ConnectionLimits, Limits
+from gateway.metrics import CONTENT_TYPE, Metrics
 from gateway.options import SessionOptions
+from gateway.protocol import RefusalError
 from gateway.session import LiveSession
-from gateway.triton_client import TritonClient
+from gateway.triton_client import TritonAccess, TritonClient
 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"
 MAX_MESSAGE_BYTES = 1 << 20
+CLOSE_TIMEOUT_S = 0.25
 TRITON = web.AppKey("triton", TritonClient)
 OPTIONS = web.AppKey("options", SessionOptions)
 PASSES = web.AppKey("passes", PassBudget)  # the ASR passes of all its sessions
 PORTRAIT = web.AppKey("portrait", object)  # Path | None: the rig folder
 PORTRAIT_FILES = {"rig.json": "application/json", "photo.png": "image/png"}
+
+
+@dataclasses.dataclass
+class Edge:
+    """What the gateway checks at its edge (one per app): who may connect, how much each
+    may take, the session tokens it mints, and the counters of /metrics."""
+
+    access: Access
+    limits: Limits
+    tokens: SessionTokens
+    caps: ConnectionCaps
+    metrics: Metrics
+
+    @classmethod
+    def from_environment(
+        cls, limits: Limits | None = None, origins: Origins | None = None, env=None
+    ) -> Edge:
+        """The operator key ($AVATAR_GATEWAY_KEY / _FILE) and the session secret
+        ($AVATAR_SESSION_SECRET / _FILE) from the environment."""
+        limits = limits or Limits()
+        key = read_secret(KEY_ENV, env) or None
+        tokens = SessionTokens.from_environment(env)
+        if tokens is None:
+            log.warning(
+                "no AVATAR_SESSION_SECRET: session tokens use a random secret of this process, "
+                "and verify only on a Triton started with the same secret"
+            )
+            tokens = SessionTokens(secrets.token_hex(32))
+        access = Access(key, AccessTokens.from_environment(env), origins or Origins())
+        return cls(access, limits, tokens, ConnectionCaps(limits), Metrics())
+
+
+EDGE = web.AppKey("edge", Edge)
 
 
 async def page(_request: web.Request) -> web.FileResponse:
@@ -38,8 +93,9 @@ async def healthz(request: web.Request) -> web.Response:
     """200 when Triton answers and `vad` and `avatar` are ready, else 503 with the reason."""
     try:
         missing = await request.app[TRITON].not_ready()
-    except Exception as error:  # Triton unreachable
-        return web.json_response({"ready": False, "error": str(error)}, status=503)
+    except Exception as error:  # Triton unreachable: the details stay in the log
+        log.warning("healthz: %r", error)
+        return web.json_response({"ready": False, "error": "Triton unreachable"}, status=503)
     if missing:
         return web.json_response({"ready": False, "not_ready": missing}, status=503)
     return web.json_response({"ready": True})
@@ -75,56 +131,187 @@ async def portrait_file(request: web.Request) -> web.StreamResponse:
     return web.FileResponse(path, headers={"Content-Type": PORTRAIT_FILES[name]})
 
 
+def _client_error(error: Exception) -> RefusalError:
+    """An unexpected failure while serving a message -> what the client may read (the
+    details are logged)."""
+    from tritonclient.utils import InferenceServerException
+
+    if isinstance(error, (InferenceServerException, ConnectionError)):
+        return RefusalError("server_unavailable", "the speech service is unavailable; try again")
+    return RefusalError("internal", "the gateway failed on this message")
+
+
+async def _refuse(ws: web.WebSocketResponse, refusal: RefusalError, metrics: Metrics) -> None:
+    """Say why, and end the connection when the refusal does."""
+    metrics.refused(refusal.code)
+    with contextlib.suppress(ConnectionError, RuntimeError):  # the client already left
+        await ws.send_json(protocol.error(refusal.code, refusal.message))
+        if refusal.close:
+            await ws.close(code=refusal.close_code, message=refusal.message.encode()[:120])
+
+
 async def websocket(request: web.Request) -> web.WebSocketResponse:
-    ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES, heartbeat=20.0)
-    await ws.prepare(request)
-    app = request.app
-    session = LiveSession(
-        app[TRITON], ws.send_json, ws.send_bytes, app[OPTIONS], budget=app[PASSES]
+    app, edge = request.app, request.app[EDGE]
+    # timeout: how long a close waits for the client's answer, reading (and dropping) what
+    # it still sends; aiohttp's 10 s let a flooding client keep its slot and the CPU busy.
+    # The client has the close code by then (RFC 6455: the first Close frame's).
+    ws = web.WebSocketResponse(
+        max_msg_size=MAX_MESSAGE_BYTES,
+        heartbeat=20.0,
+        protocols=(SUBPROTOCOL,),
+        timeout=CLOSE_TIMEOUT_S,
     )
-    log.info("session %s connected from %s", session.session_id, request.remote)
-    await session.hello()
+    address = request.remote or "unknown"
+    offered = offered_protocols(request.headers.get("Sec-WebSocket-Protocol", ""))
     try:
-        async for message in ws:
-            try:
-                if message.type == WSMsgType.TEXT:
-                    await session.on_text(message.data)
-                elif message.type == WSMsgType.BINARY:
-                    await session.on_binary(message.data)
-                elif message.type == WSMsgType.ERROR:
-                    break
-            except ProtocolError as error:  # the client's mistake: say so, keep serving
-                await ws.send_json({"type": "error", "message": str(error)})
-            except Exception as error:  # Triton down, a model failing: say so, keep serving
-                log.exception("session %s", session.session_id)
-                await ws.send_json({"type": "error", "message": f"server: {error}"})
+        edge.caps.acquire(address)
+    except RefusalError as refusal:  # before the upgrade: no frame of a flood is ever read
+        edge.metrics.refused(refusal.code)
+        log.debug("refused %s from %s: %s", refusal.code, address, refusal.message)
+        body = protocol.error(refusal.code, refusal.message)
+        return web.json_response(body, status=429, headers={"Retry-After": "1"})
+    try:
+        admission = edge.access.admit(request.headers, offered)
+    except RefusalError as refusal:  # upgraded, so that a browser sees the close code and why
+        edge.caps.release(address)
+        await ws.prepare(request)
+        await _refuse(ws, refusal, edge.metrics)
+        # DEBUG: a flood of refusals must not flood the log too (/metrics counts them)
+        log.debug("refused %s from %s: %s", refusal.code, address, refusal.message)
+        return ws
+    edge.metrics.accepted += 1
+    edge.metrics.connections += 1
+    try:
+        await ws.prepare(request)
+        session = LiveSession(
+            app[TRITON],
+            ws.send_json,
+            ws.send_bytes,
+            app[OPTIONS],
+            budget=app[PASSES],
+            tokens=edge.tokens,
+            trusted=admission.trusted,
+            turn_ended=lambda outcome: edge.metrics.turns.update([outcome or "completed"]),
+        )
+        limits = ConnectionLimits(edge.limits, shared_audio=edge.caps.of(address).audio)
+        session.turn_gate = limits.turn
+        log.info("session %s connected (%s)", session.turns.affinity, admission.how)
+        await session.hello()
+        try:
+            await _serve(ws, session, limits, edge.metrics)
+        finally:
+            await session.close()
+            log.info("session %s closed", session.turns.affinity)
     finally:
-        await session.close()
-        log.info("session %s closed", session.session_id)
+        edge.caps.release(address)
+        edge.metrics.connections -= 1
     return ws
 
 
+async def _serve(
+    ws: web.WebSocketResponse, session: LiveSession, limits: ConnectionLimits, metrics: Metrics
+) -> None:
+    """The connection's messages until it closes, is idle too long or passes a limit."""
+    while True:
+        try:
+            message = await ws.receive(timeout=limits.limits.idle_timeout_s)
+        except asyncio.TimeoutError:
+            if session.turns.busy():  # the user listens to a reply
+                continue
+            idle = limits.limits.idle_timeout_s
+            refusal = RefusalError("idle_timeout", f"nothing for {idle:g} s", close=True)
+            await _refuse(ws, refusal, metrics)
+            return
+        if message.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
+            return  # closed, or a broken connection
+        refusal = None
+        try:
+            limits.message()
+            if message.type == WSMsgType.TEXT:
+                await session.on_text(message.data)
+            else:
+                limits.audio_seconds(max(len(message.data) - 1, 0) / 2 / INPUT_RATE)
+                await session.on_binary(message.data)
+        except ProtocolError as error:  # the client's mistake: say so, keep serving
+            refusal = RefusalError("bad_request", str(error))
+            with contextlib.suppress(RefusalError):
+                limits.bad_message()
+            if limits.bad > limits.limits.bad_messages:
+                refusal = RefusalError("bad_request", "too many bad messages", close=True)
+        except RefusalError as error:
+            refusal = error
+        except Exception as error:  # Triton down, a model failing: say so, keep serving
+            log.exception("session %s", session.turns.affinity)
+            refusal = _client_error(error)
+        if refusal is not None:
+            await _refuse(ws, refusal, metrics)
+            if refusal.close:
+                return
+
+
+async def access_token(request: web.Request) -> web.Response:
+    """POST /access-token: a short-lived token for a page of an allowed origin."""
+    edge = request.app[EDGE]
+    try:
+        token = edge.access.mint(request.headers)
+    except RefusalError as refusal:
+        edge.metrics.refused(refusal.code)
+        return web.json_response(protocol.error(refusal.code, refusal.message), status=403)
+    headers = {
+        "Cache-Control": "no-store",
+        "Vary": "Origin",
+        "Access-Control-Allow-Origin": request.headers["Origin"],  # allowed: checked above
+    }
+    body = {
+        "token": token,
+        "protocols": [SUBPROTOCOL, TOKEN_PROTOCOL_PREFIX + token],
+        "expires_in_s": TOKEN_TTL_S,
+    }
+    return web.json_response(body, headers=headers)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    text = request.app[EDGE].metrics.render()
+    return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
+
+
 def create_app(
-    triton_url: str, options: SessionOptions | None = None, portrait: Path | None = None
+    triton_url: str,
+    options: SessionOptions | None = None,
+    portrait: Path | None = None,
+    *,
+    edge: Edge | None = None,
+    triton_access: TritonAccess | None = None,
+    triton: TritonClient | None = None,
 ) -> web.Application:
     """`portrait`: a rig folder (rig.json + photo.png, export/portrait) for the page's
-    WebGL portrait; None: the page draws its cartoon face."""
-    import tritonclient.grpc.aio as grpcclient
-
+    WebGL portrait; None: the page draws its cartoon face. `edge`: access and limits
+    (default: from the environment); `triton_access`: the key and TLS to Triton; `triton`:
+    a client to use instead of connecting to `triton_url` (tests)."""
     app = web.Application(client_max_size=MAX_MESSAGE_BYTES)
     app[OPTIONS] = options = options or SessionOptions()
     app[PASSES] = PassBudget(options.partial_limit, options.pause_first)
     app[PORTRAIT] = Path(portrait) if portrait is not None else None
+    app[EDGE] = edge or Edge.from_environment()
+    access = triton_access or TritonAccess()
 
     async def lifespan(app: web.Application):
-        client = grpcclient.InferenceServerClient(triton_url)
-        app[TRITON] = TritonClient(client, avatar_model=options.model, asr_model=options.asr_model)
+        if triton is not None:
+            app[TRITON] = triton
+            yield
+            return
+        client = access.client(triton_url)
+        app[TRITON] = TritonClient(
+            client, avatar_model=options.model, asr_model=options.asr_model, headers=access.headers
+        )
         yield
         await client.close()
 
     app.cleanup_ctx.append(lifespan)
     app.router.add_get("/", page)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_post("/access-token", access_token)
     app.router.add_get("/ws", websocket)
     app.router.add_get("/portrait/info", portrait_info)
     app.router.add_get(r"/portrait/{name:rig\.json|photo\.png}", portrait_file)
@@ -132,20 +319,40 @@ def create_app(
     return app
 
 
+def ssl_context(cert: Path | None, key: Path | None) -> ssl.SSLContext | None:
+    """The gateway's TLS (--tls-cert/--tls-key, PEM); None without a certificate."""
+    if cert is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    return context
+
+
 def run(
     triton_url: str,
     options: SessionOptions,
-    host: str = "0.0.0.0",
+    host: str = "127.0.0.1",
     port: int = 8080,
     *,
     portrait: Path | None = None,
+    edge: Edge | None = None,
+    triton_access: TritonAccess | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> None:
-    log.info("gateway on http://%s:%d -> Triton %s", host, port, triton_url)
+    edge = edge or Edge.from_environment()
+    scheme = "https" if tls else "http"
+    log.info("gateway on %s://%s:%d -> Triton %s", scheme, host, port, triton_url)
+    if not edge.access.has_key:
+        log.warning(
+            "no operator key ($%s): clients without an Origin (scripts, services) connect "
+            "unauthenticated; browsers still need an access token",
+            KEY_ENV,
+        )
     if portrait is not None:
         missing = missing_rig_files(portrait)
         if missing:  # served anyway: /portrait/info says unavailable, the page draws a cartoon
             log.warning("portrait %s lacks %s: the page will draw its cartoon", portrait, missing)
         else:
             log.info("portrait rig: %s", portrait)
-    app = create_app(triton_url, options, portrait)
-    web.run_app(app, host=host, port=port)
+    app = create_app(triton_url, options, portrait, edge=edge, triton_access=triton_access)
+    web.run_app(app, host=host, port=port, ssl_context=tls)

@@ -4,6 +4,8 @@ reads its flags' defaults here)."""
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 from avatar.vad import END_SILENCE_S
 
@@ -13,6 +15,12 @@ class SessionOptions:
     end_silence_s: float = END_SILENCE_S  # silence that ends an utterance (a control)
     threshold: float = 0.5  # vad speech probability that starts speech
     silence_timeout_s: float = 60.0  # a turn silent this long is abandoned with an error
+    # an utterance this long is cut and not answered (noise, or a monologue): error too_long
+    max_utterance_s: float = 30.0
+    # the operator's personas, {name: persona text}: a web client picks one by name
+    # (`persona_preset`); free `persona` text only with allow_persona_text (or the key)
+    personas: dict[str, str] = dataclasses.field(default_factory=dict)
+    allow_persona_text: bool = False
     model: str = "avatar"
     asr_model: str = "asr"  # the speculative transcripts' model
     # Speculative ASR: transcribe at the first pause of this length, while the endpointer
@@ -47,3 +55,18 @@ class SessionOptions:
     # starts, and those running (any session's) are cancelled: the `asr` model drops a
     # cancelled request's row at its next decoder step. False: they run alongside.
     pause_first: bool = True
+
+
+def load_personas(path: Path | None) -> dict[str, str]:
+    """--personas FILE: a JSON object {"name": "persona text", ...}; {} for None."""
+    if path is None:
+        return {}
+    try:
+        personas = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"--personas {path}: {error}") from None
+    if not isinstance(personas, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in personas.items()
+    ):
+        raise ValueError(f'--personas {path}: expected {{"name": "persona text", ...}}')
+    return personas

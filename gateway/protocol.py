@@ -11,9 +11,59 @@ from avatar.animation.tables import ARKIT_NAMES
 from avatar.live_protocol import INPUT_RATE, MIC, WIDTH, ProtocolError
 from avatar.pipeline.events import FinalEvent, SentenceEvent
 from avatar.pipeline.request import MAX_TEXT_CHARS
+from avatar.session_tokens import session_of
 
 END_SILENCE_RANGE = (0.2, 2.0)  # seconds of silence that end an utterance (a control)
-CLIENT_TYPES = ("text", "controls", "interrupt", "ping")
+CLIENT_TYPES = ("text", "controls", "interrupt", "ping", "resume")
+
+# The `code` of every `error` message, and the WebSocket close code of the refusals that end
+# the connection (docs/protocol.md keeps the same table).
+ERROR_CODES = {
+    "bad_request": "a message broke the protocol (the connection stays open)",
+    "unauthorized": "no access token or operator key, or one that is wrong or expired",
+    "forbidden_origin": "the page's Origin is not on the gateway's allow-list",
+    "not_allowed": "a control this client may not set (free persona text)",
+    "too_many_connections": "the gateway's or this address's connection cap is reached",
+    "rate_limited": "messages, audio or turns faster than the gateway allows",
+    "too_long": "an utterance longer than the gateway's maximum",
+    "idle_timeout": "nothing received for the idle timeout",
+    "turn_failed": "the turn failed on the server",
+    "turn_timeout": "the avatar sent nothing for too long; the turn was abandoned",
+    "server_unavailable": "Triton is unreachable or not ready",
+    "internal": "an unexpected error in the gateway",
+}
+CLOSE_CODES = {
+    "bad_request": 4400,  # too many bad messages
+    "unauthorized": 4401,
+    "forbidden_origin": 4403,
+    "idle_timeout": 4408,
+    "too_many_connections": 4429,  # sent as HTTP 429 before the upgrade (gateway/app.py)
+    "rate_limited": 4429,
+}
+
+
+class RefusalError(Exception):
+    """What the gateway refuses, with its `code` (ERROR_CODES); `close`: the connection
+    ends with CLOSE_CODES[code], else only an `error` message is sent. The message is
+    for the client: never an address, a traceback or a secret."""
+
+    def __init__(self, code: str, message: str, *, close: bool = False) -> None:
+        assert code in ERROR_CODES, code
+        super().__init__(message)
+        self.code, self.message, self.close = code, message, close
+
+    @property
+    def close_code(self) -> int:
+        return CLOSE_CODES[self.code]
+
+
+def error(code: str, message: str, turn: int | None = None) -> dict[str, Any]:
+    """An `error` message (ERROR_CODES)."""
+    assert code in ERROR_CODES, code
+    body: dict[str, Any] = {"type": "error", "code": code, "message": message}
+    if turn is not None:
+        body["turn"] = turn
+    return body
 
 
 def parse_message(raw: str) -> dict[str, Any]:
@@ -26,7 +76,8 @@ def parse_message(raw: str) -> dict[str, Any]:
         raise ProtocolError('text message must be a JSON object with a "type"')
     if message["type"] not in CLIENT_TYPES:
         raise ProtocolError(
-            f"unknown message type {message['type']!r}: expected text, controls, interrupt or ping"
+            f"unknown message type {message['type']!r}: expected "
+            "text, controls, interrupt, ping or resume"
         )
     return message
 
@@ -51,11 +102,23 @@ def end_silence(value: Any) -> float:
     return float(value)
 
 
-def ready(session_id: str, end_silence_s: float) -> dict[str, Any]:
-    """The first message of every connection."""
+def session(token: str) -> dict[str, Any]:
+    """The conversation's token (a client that reconnects sends it back in `resume`) and
+    its id; sent on `resume` and when a confirmed speculative turn forks the session."""
+    return {"type": "session", "session_id": session_of(token), "session_token": token}
+
+
+def ready(
+    token: str, end_silence_s: float, personas: list[str], persona_text: bool
+) -> dict[str, Any]:
+    """The first message of every connection; `personas`: the operator's preset names,
+    `persona_text`: whether this client may send free persona text."""
     return {
         "type": "ready",
-        "session_id": session_id,
+        "session_id": session_of(token),
+        "session_token": token,
+        "personas": personas,
+        "persona_text": persona_text,
         "input": {"sample_rate": INPUT_RATE, "format": "pcm_s16le", "kind": MIC},
         "frames": {"width": WIDTH, "names": [*ARKIT_NAMES, "headYaw", "headPitch", "headRoll"]},
         "end_silence_s": end_silence_s,
@@ -91,3 +154,21 @@ def turn_end(turn: int, final: FinalEvent | None, cancelled: str) -> dict[str, A
         "timings": final.timings,
         "cancelled": cancelled,
     }
+
+
+def persona_choice(values: dict[str, Any], personas: dict[str, str], free_text: bool) -> str | None:
+    """The client's persona controls checked and mapped in place: `persona_preset` (an
+    operator's preset by name; "" for none) becomes the preset's `persona` text; free
+    `persona` text only where `free_text`. The chosen preset, or None when not sent."""
+    preset = values.pop("persona_preset", None)
+    if "persona" in values and not free_text:
+        raise RefusalError(
+            "not_allowed",
+            "free persona text is off on this gateway: choose a persona_preset of "
+            f"{sorted(personas)}",
+        )
+    if preset is not None:
+        if preset != "" and preset not in personas:
+            raise ProtocolError(f"persona_preset {preset!r}: expected one of {sorted(personas)}")
+        values["persona"] = personas.get(preset, "")
+    return preset

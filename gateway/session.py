@@ -17,8 +17,10 @@ import numpy as np
 from avatar.errors import RequestError
 from avatar.live_protocol import INPUT_RATE, ProtocolError, parse_mic
 from avatar.pipeline.request import Controls
+from avatar.session_tokens import SessionTokens
 from avatar.vad import (
     CHUNK,
+    CHUNK_S,
     Endpointer,
     EndpointEvent,
     SpeechPaused,
@@ -32,6 +34,7 @@ from avatar.vad import (
 from gateway import protocol
 from gateway.hearing import Hearing, PassBudget
 from gateway.options import SessionOptions
+from gateway.protocol import RefusalError
 from gateway.triton_client import TritonClient
 from gateway.turns import TurnManager
 
@@ -44,13 +47,16 @@ def silence_endpointer(options: SessionOptions) -> TurnEndStrategy:
     return Endpointer(
         threshold=options.threshold,
         end_silence_s=options.end_silence_s,
+        max_utterance_s=options.max_utterance_s,
         pause_s=options.speculate_after_s,
     )
 
 
 class LiveSession:
     """The protocol's server side for one WebSocket. `budget` is the gateway's (one per
-    app); `endpointing` makes the session's end-of-turn strategy."""
+    app); `endpointing` makes the session's end-of-turn strategy; `tokens` mint and verify
+    session tokens; `trusted`: a service with the operator key (it may set free persona
+    text); `turn_ended(outcome)`: the gateway's metrics."""
 
     def __init__(
         self,
@@ -60,20 +66,35 @@ class LiveSession:
         options: SessionOptions,
         *,
         budget: PassBudget,
+        tokens: SessionTokens,
+        trusted: bool = False,
         endpointing: Callable[[SessionOptions], TurnEndStrategy] = silence_endpointer,
+        turn_ended: Callable[[str], None] = lambda _outcome: None,
     ) -> None:
         self.triton, self.send_json = triton, send_json
-        self.options = options
-        self.controls: dict[str, Any] = {}
+        self.options, self.tokens, self.trusted = options, tokens, trusted
+        self.controls: dict[str, Any] = {}  # as sent to Triton (a preset's text included)
+        self.preset = ""  # the operator's persona preset the client chose
+        self.turn_gate: Callable[[], None] = lambda: None  # raises RefusalError: typed turns' rate
         self.vad = VadStream()
         self.endpointer = endpointing(options)
         self.pending = np.zeros(0, np.float32)
         self._vad_lock = asyncio.Lock()  # chunks go through the vad in order
         self.turns = TurnManager(
-            triton, send_json, send_bytes, lambda: self.controls, options.silence_timeout_s
+            triton,
+            send_json,
+            send_bytes,
+            lambda: self.controls,
+            options.silence_timeout_s,
+            tokens=tokens,
+            ended=turn_ended,
         )
+
+        def transcribe(audio, prefix, language):  # with the session's affinity header
+            return triton.transcribe(audio, prefix, language, session=self.turns.affinity)
+
         self.hearing = Hearing(
-            triton.transcribe,
+            transcribe,
             budget,
             send_json,
             every_s=options.partial_every_s,
@@ -84,17 +105,42 @@ class LiveSession:
 
     @property
     def session_id(self) -> str:
-        """The conversation's id (a confirmed speculative turn's fork replaces it)."""
+        """The conversation's token (a confirmed speculative turn's fork replaces it)."""
         return self.turns.session_id
 
+    @property
+    def persona_text(self) -> bool:
+        """Whether this client may send free persona text."""
+        return self.trusted or self.options.allow_persona_text
+
     async def hello(self) -> None:
-        await self.send_json(protocol.ready(self.session_id, self.options.end_silence_s))
+        ready = protocol.ready(
+            self.session_id,
+            self.options.end_silence_s,
+            sorted(self.options.personas),
+            self.persona_text,
+        )
+        await self.send_json(ready)
+
+    async def resume(self, token: Any) -> None:
+        """Go on with the conversation of a token the gateway gave earlier (a page that
+        reconnects); a token this secret did not make is refused."""
+        try:
+            self.tokens.verify(token if isinstance(token, str) else "", "session_token")
+        except RequestError:
+            raise RefusalError(
+                "unauthorized", "session_token is not a session of this server"
+            ) from None
+        await self.turns.interrupt("superseded")
+        self.turns.resume(token.strip())
+        await self.send_json(protocol.session(self.session_id))
 
     async def on_text(self, raw: str) -> None:
         message = protocol.parse_message(raw)
         kind = message["type"]
         if kind == "text":
             text = protocol.typed_text(message)
+            self.turn_gate()
             self.hearing.drop()  # a typed turn supersedes what the microphone started...
             if self.endpointer.paused:  # ...but the utterance being spoken goes on
                 self.hearing.paused(self.endpointer.audio())
@@ -103,6 +149,8 @@ class LiveSession:
             await self.set_controls(message.get("controls"))
         elif kind == "interrupt":
             await self.turns.interrupt("client")
+        elif kind == "resume":
+            await self.resume(message.get("session_token"))
         else:
             await self.send_json({"type": "pong", "t": message.get("t")})
 
@@ -111,7 +159,7 @@ class LiveSession:
         async with self._vad_lock:
             while len(self.pending) >= CHUNK:
                 chunk, self.pending = self.pending[:CHUNK], self.pending[CHUNK:]
-                prob = await self.triton.speech_prob(self.vad, chunk)
+                prob = await self.triton.speech_prob(self.vad, chunk, session=self.turns.affinity)
                 for event in self.endpointer.step(chunk, prob):
                     await self._on_endpoint(event)
                 if self.endpointer.speaking:
@@ -124,6 +172,7 @@ class LiveSession:
         silence = values.pop("end_silence_s", None)  # the gateway's own control
         if silence is not None:
             silence = protocol.end_silence(silence)
+        preset = protocol.persona_choice(values, self.options.personas, self.persona_text)
         merged = {**self.controls, **values}
         merged.pop("render", None)  # the page draws the face: no pixels over the socket
         try:
@@ -131,10 +180,15 @@ class LiveSession:
         except RequestError as error:
             raise ProtocolError(str(error)) from None
         self.controls = merged
+        if preset is not None or "persona" in values:
+            self.preset = preset or ""
         if silence is not None:
             self.options = dataclasses.replace(self.options, end_silence_s=silence)
             self.endpointer.set_end_silence(silence)
         controls = {**self.controls, "end_silence_s": self.options.end_silence_s}
+        if self.preset:  # the operator's text stays on the server
+            controls.pop("persona", None)
+            controls["persona_preset"] = self.preset
         await self.send_json({"type": "controls", "controls": controls})
 
     async def close(self) -> None:
@@ -150,12 +204,21 @@ class LiveSession:
             self.hearing.paused(event.audio)
         elif isinstance(event, SpeechResumed):
             self.hearing.drop()  # the pause was inside the utterance
-        elif isinstance(event, TooShort):  # too short to be a question (a cough, a click)
-            self.hearing.drop()
+        elif isinstance(event, (TooShort, Utterance)):
+            limit = self.options.max_utterance_s
+            too_long = isinstance(event, Utterance) and len(event.audio) >= (
+                (limit - CHUNK_S) * INPUT_RATE
+            )  # the endpointer cut it at the maximum
+            if isinstance(event, Utterance) and not too_long:
+                await self._utterance(event.audio)
+                return
+            self.hearing.drop()  # a cough, a click; or noise, a monologue: not a question
             self.hearing.reset()
             await self.send_json({"type": "speech_end", "utterance_s": 0.0})
-        elif isinstance(event, Utterance):
-            await self._utterance(event.audio)
+            if too_long:
+                raise RefusalError(
+                    "too_long", f"an utterance longer than {limit:g} s: not answered"
+                )
 
     async def _utterance(self, audio: np.ndarray) -> None:
         """The end of speech is confirmed: the held turn, or a turn from the transcript at

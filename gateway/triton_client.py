@@ -7,24 +7,47 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from avatar.credentials import KEY_HEADER, grpc_key_headers
 from avatar.pipeline import schema
 from avatar.pipeline.events import TurnEvent
+from avatar.session_tokens import AFFINITY_HEADER
 from avatar.vad import OUTPUTS as VAD_OUTPUTS
 from avatar.vad import VadStream
 
 # the page draws the face from the blendshapes: no pixels over the socket
 TURN_OUTPUTS = tuple(name for name in schema.OUTPUTS if name != "video")
 ASR_OUTPUTS = ("text", "tokens", "detected_language")
+log = logging.getLogger(__name__)
 
 
 class TurnError(Exception):
-    """The `avatar` model answered a turn with an error, or went silent; the message says
-    which."""
+    """A turn that failed: `code` (gateway.protocol.ERROR_CODES: turn_failed,
+    turn_timeout, server_unavailable) and a message safe for the client; the details (the
+    model's error, gRPC's, addresses) are logged here, never sent."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _unavailable(error: BaseException) -> bool:
+    """Whether a gRPC failure means the server could not be reached."""
+    for name in ("status", "code"):  # tritonclient's exception, grpc's AioRpcError
+        method = getattr(error, name, None)
+        if callable(method):
+            return any(s in str(method()) for s in ("UNAVAILABLE", "DEADLINE_EXCEEDED"))
+    return isinstance(error, ConnectionError)
+
+
+def affinity(session: str) -> dict[str, str]:
+    """The load balancer's routing header of a session id ("": none)."""
+    return {AFFINITY_HEADER: session} if session else {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,44 +102,93 @@ class TurnCall:
             except asyncio.TimeoutError:
                 self.cancel()
                 raise TurnError(
-                    f"the avatar sent nothing for {idle_timeout_s:g} s; turn abandoned"
+                    "turn_timeout", f"the avatar sent nothing for {idle_timeout_s:g} s"
                 ) from None
             except Exception as error:  # the stream itself failed (e.g. Triton unreachable)
-                detail = error.details() if hasattr(error, "details") else str(error)  # gRPC's
-                raise TurnError(f"{self.model}: {detail}") from None
+                log.warning("%s stream failed: %r", self.model, error)
+                if _unavailable(error):
+                    raise TurnError("server_unavailable", "the avatar is unavailable") from None
+                raise TurnError("turn_failed", "the turn failed on the server") from None
             if error is not None:
-                raise TurnError(str(error))
+                log.warning("%s answered an error: %s", self.model, error)
+                raise TurnError("turn_failed", "the turn failed on the server")
             names = [tensor.name for tensor in result.get_response().outputs]
             event = schema.outputs_event({name: result.as_numpy(name) for name in names})
             if event is not None:
                 yield event
 
 
-class TritonClient:
-    """`client`: a tritonclient.grpc.aio.InferenceServerClient (one per gateway)."""
+@dataclasses.dataclass(frozen=True)
+class TritonAccess:
+    """How the gateway reaches Triton: its API key (sent as gRPC metadata
+    `triton-grpc-protocol-<key_header>`) and, for TLS, the PEM root certificate."""
 
-    def __init__(self, client: Any, *, avatar_model: str = "avatar", asr_model: str = "asr"):
+    api_key: str = ""
+    key_header: str = KEY_HEADER
+    ca: str | None = None  # PEM file; None: plaintext gRPC
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return grpc_key_headers(self.api_key, self.key_header)
+
+    def client(self, url: str) -> Any:
+        """The asyncio gRPC client of tritonclient for `url`."""
+        import tritonclient.grpc.aio as grpcclient
+
+        if self.ca:
+            return grpcclient.InferenceServerClient(url, ssl=True, root_certificates=self.ca)
+        return grpcclient.InferenceServerClient(url)
+
+
+class TritonClient:
+    """`client`: a tritonclient.grpc.aio.InferenceServerClient (one per gateway);
+    `headers`: sent on every call (TritonAccess.headers). The calls of a session also carry
+    its id as the affinity header (`session`), so that a load balancer keeps them on the
+    replica that holds the conversation."""
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        avatar_model: str = "avatar",
+        asr_model: str = "asr",
+        headers: Mapping[str, str] | None = None,
+    ):
         self.client, self.avatar_model, self.asr_model = client, avatar_model, asr_model
         self.vad_model = "vad"
+        self.headers = dict(headers or {})
+
+    def _headers(self, session: str) -> dict[str, str]:
+        return {**self.headers, **affinity(session)}
 
     async def not_ready(self) -> list[str]:
         """The models the gateway needs that Triton does not report ready."""
         models = (self.vad_model, self.avatar_model)
-        return [m for m in models if not await self.client.is_model_ready(m)]
+        return [m for m in models if not await self.client.is_model_ready(m, headers=self.headers)]
 
-    async def speech_prob(self, stream: VadStream, chunk: np.ndarray) -> float:
+    async def speech_prob(
+        self, stream: VadStream, chunk: np.ndarray, *, session: str = ""
+    ) -> float:
         """The `vad` model's speech probability of one chunk [512]; `stream` keeps the
         session's recurrent state (the server keeps none)."""
         inputs = {
             name: value.astype(np.float32) for name, value in stream.inputs(chunk[None]).items()
         }
         result = await self.client.infer(
-            self.vad_model, _inputs(inputs), outputs=_outputs(VAD_OUTPUTS)
+            self.vad_model,
+            _inputs(inputs),
+            outputs=_outputs(VAD_OUTPUTS),
+            headers=self._headers(session),
         )
         return float(stream.update({n: result.as_numpy(n) for n in VAD_OUTPUTS})[0])
 
     async def transcribe(
-        self, audio: np.ndarray, prefix: Sequence[int] = (), language: str | None = None
+        self,
+        audio: np.ndarray,
+        prefix: Sequence[int] = (),
+        language: str | None = None,
+        *,
+        session: str = "",
     ) -> Transcript:
         """The `asr` model's transcript of `audio` (16 kHz); `prefix`: the tokens earlier
         passes agreed on; `language`: None to detect it."""
@@ -126,7 +198,10 @@ class TritonClient:
         if language:
             inputs["language"] = np.array([[language.encode()]], dtype=object)
         result = await self.client.infer(
-            self.asr_model, _inputs(inputs), outputs=_outputs(ASR_OUTPUTS)
+            self.asr_model,
+            _inputs(inputs),
+            outputs=_outputs(ASR_OUTPUTS),
+            headers=self._headers(session),
         )
         tokens = [int(t) for t in result.as_numpy("tokens").reshape(-1)]
         return Transcript(
@@ -141,8 +216,10 @@ class TritonClient:
         session_id: str,
         parent_session_id: str,
         controls: Mapping[str, Any],
+        session: str = "",
     ) -> TurnCall:
-        """Start one turn on the `avatar` model (decoupled: one gRPC stream)."""
+        """Start one turn on the `avatar` model (decoupled: one gRPC stream); `session`:
+        the id its affinity header carries (a fork's parent's)."""
         tensors = schema.encode_request(
             audio=audio,
             text=text,
@@ -159,4 +236,5 @@ class TritonClient:
         async def requests():
             yield request
 
-        return TurnCall(self.client.stream_infer(requests()), self.avatar_model)
+        stream = self.client.stream_infer(requests(), headers=self._headers(session))
+        return TurnCall(stream, self.avatar_model)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -16,16 +16,19 @@ import numpy as np
 
 from avatar import live_protocol
 from avatar.pipeline.events import FinalEvent, SentenceEvent, TranscriptEvent, TurnEvent
+from avatar.session_tokens import SessionTokens, session_of
 from gateway import protocol
 from gateway.triton_client import TritonClient, TurnCall, TurnError
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
 class Turn:
     number: int
-    session_id: str  # the conversation the turn answers in
+    session_id: str  # the token of the conversation the turn answers in
     spoken: bool = False  # from the microphone (its transcript may be speculative)
-    parent_session_id: str = ""  # set for a fork (a speculative turn)
+    parent_session_id: str = ""  # the parent's token, for a fork (a speculative turn)
     asr_prefix_tokens: int = 0  # of its transcript, taken from the passes while speaking
     task: asyncio.Task | None = None
     call: TurnCall | None = None
@@ -46,7 +49,9 @@ class Turn:
 
 class TurnManager:
     """`send_json`/`send_bytes` are the WebSocket's; `controls()` the session's current
-    controls for a new turn; a turn silent for `silence_timeout_s` is abandoned."""
+    controls for a new turn; a turn silent for `silence_timeout_s` is abandoned. `tokens`
+    mint the session tokens (the secret Triton verifies them with); `ended(outcome)` is told
+    how each turn ended (the gateway's metrics)."""
 
     def __init__(
         self,
@@ -55,12 +60,22 @@ class TurnManager:
         send_bytes: Callable[[bytes], Awaitable[None]],
         controls: Callable[[], dict[str, Any]],
         silence_timeout_s: float,
+        *,
+        tokens: SessionTokens,
+        ended: Callable[[str], None] = lambda _outcome: None,
     ) -> None:
         self.triton, self.send_json, self.send_bytes = triton, send_json, send_bytes
         self.controls, self.silence_timeout_s = controls, silence_timeout_s
-        self.session_id = uuid.uuid4().hex  # the conversation; a confirmed fork replaces it
+        self.tokens, self.ended = tokens, ended
+        self.session_id = ""  # the conversation's token; a confirmed fork replaces it
+        self.affinity = ""  # its id for the load balancer: kept across forks
+        self.resume(tokens.mint())
         self.numbers = 0  # a discarded speculative turn leaves a gap in the numbers
         self.current: Turn | None = None
+
+    def resume(self, token: str) -> None:
+        """Go on with the conversation of `token` (already verified)."""
+        self.session_id, self.affinity = token, session_of(token)
 
     def busy(self) -> bool:
         """A reply is being generated or should still be playing on the client."""
@@ -101,7 +116,7 @@ class TurnManager:
     def hold(self, text: str, asr_prefix_tokens: int) -> Turn:
         """A speculative turn from a transcript at a pause: it answers in a fork of the
         conversation and its messages are kept until `confirm`."""
-        turn = self._new(uuid.uuid4().hex, True, asr_prefix_tokens)
+        turn = self._new(self.tokens.mint(), True, asr_prefix_tokens)
         turn.parent_session_id, turn.held = self.session_id, []
         turn.task = asyncio.create_task(self._run(turn, None, text))
         return turn
@@ -124,6 +139,7 @@ class TurnManager:
             kind, item = turn.held.pop(0)
             await (self.send_json(item) if kind == "json" else self.send_bytes(item))
         turn.held = None  # no await since the list was seen empty: nothing is lost
+        await self.send_json(protocol.session(turn.session_id))  # the token to resume
 
     def _new(self, session_id: str, spoken: bool, asr_prefix_tokens: int) -> Turn:
         self.numbers += 1
@@ -144,31 +160,44 @@ class TurnManager:
             },
         )
         controls = {k: v for k, v in self.controls().items() if k != "render"}
-        turn.call = self.triton.turn(
-            audio=audio,
-            text=text,
-            session_id=turn.session_id,
-            parent_session_id=turn.parent_session_id,
-            controls=controls,
-        )
         started = time.monotonic()
         try:
+            turn.call = self.triton.turn(
+                audio=audio,
+                text=text,
+                session_id=turn.session_id,
+                parent_session_id=turn.parent_session_id,
+                controls=controls,
+                session=self.affinity,  # a fork hashes with its parent
+            )
             async for event in turn.call.events(self.silence_timeout_s):
                 if await self._forward(turn, event, started):
+                    self.ended("completed")
                     return
-        except TurnError as error:
-            turn.ending = True
-            await self._json(turn, {"type": "error", "turn": turn.number, "message": str(error)})
-            await self._json(turn, protocol.turn_end(turn.number, None, "error"))
-            return
+            if not turn.cancelled:  # the stream ended without the final response
+                raise TurnError("turn_failed", "the turn ended before its reply was complete")
         except asyncio.CancelledError:
+            self.ended(turn.cancelled or "closed")
             await self._json(turn, protocol.turn_end(turn.number, None, turn.cancelled or "closed"))
             raise
+        except Exception as error:  # any broken stream: the client hears why, and the end
+            turn.ending = True
+            code, message = "internal", "the gateway failed on this turn"
+            if isinstance(error, TurnError):
+                code, message = error.code, str(error)
+            else:
+                log.exception("turn %d", turn.number)
+            self.ended(code)
+            await self._json(turn, protocol.error(code, message, turn.number))
+            await self._json(turn, protocol.turn_end(turn.number, None, "error"))
+            return
         finally:
-            turn.call.cancel()
+            if turn.call is not None:
+                turn.call.cancel()
         turn.ending = True
-        if turn.cancelled:  # the stream ended at its cancellation before the task was told
-            await self._json(turn, protocol.turn_end(turn.number, None, turn.cancelled))
+        self.ended(turn.cancelled)
+        # the stream ended at its cancellation before the task was told
+        await self._json(turn, protocol.turn_end(turn.number, None, turn.cancelled))
 
     async def _forward(self, turn: Turn, event: TurnEvent, started: float) -> bool:
         """One event -> protocol messages; True after the final one."""

@@ -11,6 +11,8 @@
   first-piece  first TTS piece at a clause break vs a full stop -> build/perf/first_piece/
   llm-server  LLM tokens/s and ttft through Triton vs in-process -> build/perf/llm_server/
   asr-server  ASR utterances/s and ms through Triton vs in-process -> build/perf/asr_server/
+  flood     flood a running gateway while a normal session talks: its latency, the refusals
+  failover  2 replicas + HAProxy + Redis + gateway, kill -9 of one mid-conversation
 
 Against a running server (`--url`), or an embedded server it starts itself. Results are
 CSV + JSON (with the machine's load average: the project machines share 2 cores, so the
@@ -168,7 +170,9 @@ def main(argv: list[str] | None = None) -> int:
         asr_server,
         asr_windows,
         endpointing,
+        failover,
         first_piece,
+        flood,
         latency,
         llm_server,
     )
@@ -193,6 +197,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     asr_server.add_arguments(
         sub.add_parser("asr-server", help="ASR utterances/s and ms through Triton vs in-process")
+    )
+    flood.add_arguments(
+        sub.add_parser("flood", help="flood a running gateway; a normal session's latency")
+    )
+    failover.add_arguments(
+        sub.add_parser("failover", help="kill -9 a replica mid-conversation: lost, remembered")
     )
 
     args = parser.parse_args(argv)

@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import signal
 import sys
 import tempfile
@@ -14,6 +15,7 @@ import threading
 from collections.abc import Iterable
 from pathlib import Path
 
+from avatar.credentials import API_KEY_ENV, read_secret
 from avatar.model_config import RepositoryError
 from serving.deployment import PROJECT_ROOT, build_repository
 from serving.repository import TARGETS
@@ -37,15 +39,26 @@ def _materialize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _session_secret() -> str:
+    """$AVATAR_SESSION_SECRET, or a random one for this run when neither it nor
+    $AVATAR_SESSION_SECRET_FILE is set ("" then: the file's secret reaches Triton and the
+    gateway through the environment they inherit)."""
+    if os.environ.get("AVATAR_SESSION_SECRET_FILE") and not os.environ.get("AVATAR_SESSION_SECRET"):
+        return ""
+    return os.environ.get("AVATAR_SESSION_SECRET") or secrets.token_hex(32)
+
+
 def _serve(args: argparse.Namespace) -> int:
     repo = args.out or DEFAULT_BUILD / "repository-embedded"
     served = [m.name for m in build_repository(repo, "embedded", args.models or None)]
     options = ServerOptions(
         repo,
+        host=args.host,
+        session_secret=_session_secret(),
         http_port=args.http_port,
         grpc_port=args.grpc_port,
         metrics_port=args.metrics_port,
-        api_key=args.api_key or os.environ.get("AVATAR_API_KEY", ""),
+        api_key=args.api_key or read_secret(API_KEY_ENV),  # or $AVATAR_API_KEY_FILE
         key_header=args.key_header,
         restricted=tuple(args.restrict.split(",")),
         tls_cert=args.tls_cert,
@@ -70,7 +83,15 @@ def _serve(args: argparse.Namespace) -> int:
             gateway = stack.enter_context(
                 _gateway(server.grpc_url, args.web_port, options, portrait)
             )
-            log.info("live page: http://127.0.0.1:%d/ (gateway pid %d)", args.web_port, gateway.pid)
+            page_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+            scheme = "https" if args.tls_cert else "http"
+            log.info(
+                "live page: %s://%s:%d/ (gateway pid %d)",
+                scheme,
+                page_host,
+                args.web_port,
+                gateway.pid,
+            )
         while not stop.wait(1.0):
             if not server.is_running() and not options.heal:
                 log.error("tritonserver exited:\n%s", server.log_tail())
@@ -105,10 +126,18 @@ def _gateway(grpc_url: str, port: int, options: ServerOptions, portrait: Path | 
     `portrait`: the rig folder the page draws (gateway --portrait)."""
     from gateway.process import running_gateway
 
-    if options.api_key or options.tls_cert:
-        raise SystemExit("--web: the gateway does not pass an API key or TLS to Triton yet")
-    extra = ["--portrait", str(portrait)] if portrait is not None else []
-    with running_gateway(grpc_url, extra, port=port) as (_base, process):
+    extra = ["--host", options.host, "--triton-key-header", options.key_header]
+    if options.tls_cert:  # Triton's certificate is the root the gateway trusts; the page
+        # is served over TLS with the same certificate
+        extra += ["--triton-ca", str(options.tls_cert), "--tls-cert", str(options.tls_cert)]
+        extra += ["--tls-key", str(options.tls_key)]
+    if portrait is not None:
+        extra += ["--portrait", str(portrait)]
+    # secrets through the environment, never argv
+    env = {"AVATAR_API_KEY": options.api_key} if options.api_key else {}
+    if options.session_secret:
+        env["AVATAR_SESSION_SECRET"] = options.session_secret
+    with running_gateway(grpc_url, extra, port=port, env=env) as (_base, process):
         yield process
 
 
@@ -148,6 +177,11 @@ def main(argv: list[str] | None = None) -> int:
     mat.set_defaults(run=_materialize)
 
     serve = sub.add_parser("serve", help="run the embedded tritonserver (CPU, python backend)")
+    serve.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address Triton and the gateway bind (0.0.0.0: every interface)",
+    )
     serve.add_argument("--http-port", type=int, default=8000)
     serve.add_argument("--grpc-port", type=int, default=8001)
     serve.add_argument("--metrics-port", type=int, default=8002)
@@ -157,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
         "--api-key",
         default="",
         help="require this key (header --key-header) on the --restrict protocols; "
-        "default: $AVATAR_API_KEY, none when unset",
+        "default: $AVATAR_API_KEY or the file $AVATAR_API_KEY_FILE names (better: argv shows "
+        "in ps), none when unset",
     )
     serve.add_argument("--key-header", default=DEFAULT_KEY_HEADER)
     serve.add_argument(

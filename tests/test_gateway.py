@@ -295,6 +295,7 @@ def test_bad_messages_get_errors_and_the_connection_keeps_serving(gateway: str) 
     got = asyncio.run(session())
     errors = [m["message"] for m in got if m["type"] == "error"]
     assert len(errors) == 7, errors
+    assert {m["code"] for m in got if m["type"] == "error"} == {"bad_request"}
     for message, needle in zip(
         errors,
         ["not JSON", "JSON object", "unknown message type 'dance'", "kind 0x07", "even count",
@@ -303,3 +304,48 @@ def test_bad_messages_get_errors_and_the_connection_keeps_serving(gateway: str) 
     ):  # fmt: skip
         assert needle in message, message
     assert got[-1]["type"] == "turn_end" and got[-1]["reply"] and not got[-1]["errors"]
+
+
+def test_avatar_serve_web_passes_host_key_tls_and_session_secret_to_the_gateway(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`avatar serve --web --api-key ...` works: the key and the session secret reach the
+    gateway child through its environment (argv shows in `ps`), TLS as the CA it trusts."""
+    import contextlib
+
+    from gateway import process
+    from serving import cli
+    from serving.server import ServerOptions
+
+    started: list[dict] = []
+
+    @contextlib.contextmanager
+    def running_gateway(url, options=(), *, port=None, env=None, **_):
+        started.append({"url": url, "options": list(options), "env": dict(env or {})})
+        yield "http://127.0.0.1:1", None
+
+    monkeypatch.setattr(process, "running_gateway", running_gateway)
+    monkeypatch.delenv("AVATAR_SESSION_SECRET", raising=False)
+    monkeypatch.delenv("AVATAR_SESSION_SECRET_FILE", raising=False)
+    secret = cli._session_secret()
+    assert len(secret) == 64 and secret != cli._session_secret()  # random per run
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    options = ServerOptions(
+        tmp_path,
+        host="0.0.0.0",
+        api_key="s3cret-key",
+        tls_cert=cert,
+        tls_key=key,
+        session_secret=secret,
+    )
+    with cli._gateway("localhost:8001", 8080, options):
+        pass
+    (run,) = started
+    argv = " ".join(run["options"])
+    assert "s3cret-key" not in argv and secret not in argv
+    assert run["env"] == {"AVATAR_API_KEY": "s3cret-key", "AVATAR_SESSION_SECRET": secret}
+    assert f"--host 0.0.0.0 --triton-key-header {options.key_header}" in argv
+    assert f"--triton-ca {cert}" in argv and f"--tls-cert {cert} --tls-key {key}" in argv
+    seen: list = []
+    monkeypatch.setattr(cli, "_serve", lambda args: seen.append(args) or 0)
+    assert cli.main(["serve", "--web"]) == 0 and seen[0].host == "127.0.0.1"  # loopback

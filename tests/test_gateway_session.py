@@ -9,7 +9,7 @@ import json
 
 import numpy as np
 import pytest
-from test_gateway_turns import FakeTriton, Socket, final, sentence
+from test_gateway_turns import TOKENS, FakeTriton, Socket, final, sentence
 
 from avatar import live_protocol
 from avatar.vad import CHUNK, CHUNK_S
@@ -20,9 +20,19 @@ from gateway.session import LiveSession
 QUIET = SessionOptions(partial_every_s=None)  # no passes while speaking unless a test wants
 
 
-def _session(triton: FakeTriton, socket: Socket, options=QUIET, budget=None) -> LiveSession:
+def _session(
+    triton: FakeTriton, socket: Socket, options=QUIET, budget=None, trusted=False
+) -> LiveSession:
     budget = budget or PassBudget(options.partial_limit, options.pause_first)
-    return LiveSession(triton, socket.send_json, socket.send_bytes, options, budget=budget)
+    return LiveSession(
+        triton,
+        socket.send_json,
+        socket.send_bytes,
+        options,
+        budget=budget,
+        tokens=TOKENS,
+        trusted=trusted,
+    )
 
 
 async def _mic(session: LiveSession, chunks: int) -> None:
@@ -57,7 +67,8 @@ def test_a_spoken_question_starts_from_the_transcript_at_its_pause() -> None:
         "ready", "speech_start", "partial_transcript", "speech_end", "turn_start",
     ]  # fmt: skip
     ready, _, caption, end, start = socket.sent[:5]
-    assert ready["session_id"] == session.session_id and ready["end_silence_s"] == 0.7
+    assert ready["session_token"] == session.session_id and ready["end_silence_s"] == 0.7
+    assert ready["session_id"] == TOKENS.verify(session.session_id)
     assert ready["frames"]["width"] == 55 and len(ready["frames"]["names"]) == 55
     assert caption["at_pause"] and caption["text"] == "Hello there."
     # pre-roll (9 chunks), the speech, and the silence that ended it

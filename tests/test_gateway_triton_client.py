@@ -44,13 +44,17 @@ class FakeGrpc:
     def __init__(self, answers: dict, stream: FakeStream | None = None) -> None:
         self.answers, self.stream = answers, stream
         self.sent: list[tuple[str, dict, list[str]]] = []
+        self.headers: list[tuple[str, dict]] = []  # (model or "stream", headers) per call
 
-    async def infer(self, model, inputs, outputs=None):
+    async def infer(self, model, inputs, outputs=None, headers=None):
+        self.headers.append((model, headers))
         sent = {i.name(): (i.datatype(), i.shape()) for i in inputs}
         self.sent.append((model, sent, [o.name() for o in outputs]))
         return grpc_result(self.answers[model])
 
-    def stream_infer(self, requests):
+    def stream_infer(self, requests, headers=None):
+        self.headers.append(("stream", headers))
+
         async def first():
             async for request in requests:
                 return request
@@ -58,7 +62,7 @@ class FakeGrpc:
         self.request = asyncio.get_event_loop().create_task(first())
         return self.stream
 
-    async def is_model_ready(self, model: str) -> bool:
+    async def is_model_ready(self, model: str, headers=None) -> bool:
         return model != "vad"
 
 
@@ -145,14 +149,44 @@ def test_a_failed_unreachable_or_silent_turn_raises_turn_error() -> None:
         )
         return [event async for event in call.events(idle_timeout_s)]
 
-    with pytest.raises(TurnError, match="server busy"):
+    # the model's error and gRPC's details (addresses) are logged, not put in the message
+    with pytest.raises(TurnError, match="failed on the server") as failed:
         asyncio.run(events(FakeStream([(None, RuntimeError("server busy: 8 turns"))])))
-    with pytest.raises(TurnError, match="avatar: failed to connect"):
-        asyncio.run(events(FakeStream([ConnectionError("failed to connect to all addresses")])))
+    assert failed.value.code == "turn_failed"
+    unreachable = ConnectionError("ipv4:10.1.2.3:8001: failed to connect to all addresses")
+    with pytest.raises(TurnError, match="unavailable") as down:
+        asyncio.run(events(FakeStream([unreachable])))
+    assert down.value.code == "server_unavailable" and "10.1.2.3" not in str(down.value)
     silent = FakeStream([(grpc_result(event_tensors(TranscriptEvent("hi"))), None)], hang=True)
-    with pytest.raises(TurnError, match=r"sent nothing for 0\.05 s"):
+    with pytest.raises(TurnError, match=r"sent nothing for 0\.05 s") as timeout:
         asyncio.run(events(silent, idle_timeout_s=0.05))
-    assert silent.cancelled
+    assert silent.cancelled and timeout.value.code == "turn_timeout"
+
+
+def test_every_call_carries_the_api_key_and_the_sessions_affinity_header() -> None:
+    from gateway.triton_client import TritonAccess
+
+    access = TritonAccess(api_key="k3y", key_header="avatar-api-key")
+    grpc = FakeGrpc(
+        {"vad": {"speech_prob": np.array([[0.5]], np.float32),
+                 "next_context": np.zeros((1, CONTEXT), np.float32),
+                 "next_state": np.zeros((1, *STATE_SHAPE), np.float32)},
+         "asr": {"text": np.array([[b"hi"]], object), "tokens": np.array([[1]], np.int32),
+                 "detected_language": np.array([[b"en"]], object)}},
+        FakeStream([]),
+    )  # fmt: skip
+
+    async def scenario():
+        client = TritonClient(grpc, headers=access.headers)
+        await client.speech_prob(VadStream(), np.zeros(CHUNK, np.float32), session="abc")
+        await client.transcribe(np.zeros(800, np.float32), session="abc")
+        client.turn(audio=None, text="Hi", session_id="t", parent_session_id="",
+                    controls={}, session="abc")  # fmt: skip
+        await grpc.request
+
+    asyncio.run(scenario())
+    key = {"triton-grpc-protocol-avatar-api-key": "k3y"}
+    assert grpc.headers == [(m, {**key, "session-id": "abc"}) for m in ("vad", "asr", "stream")]
 
 
 def test_readiness_names_the_models_that_are_not_ready() -> None:

@@ -7,11 +7,15 @@ import asyncio
 from typing import Any
 
 import numpy as np
+import pytest
 
 from avatar.live_protocol import Audio, Frames, parse_server_binary
 from avatar.pipeline.events import FinalEvent, SentenceEvent, TranscriptEvent
+from avatar.session_tokens import SessionTokens, session_of
 from gateway.triton_client import Transcript, TurnError
 from gateway.turns import TurnManager
+
+TOKENS = SessionTokens("a test secret of enough bytes")
 
 
 def sentence(index: int = 0, start: float = 0.0, seconds: float = 0.5) -> SentenceEvent:
@@ -62,11 +66,14 @@ class FakeTriton:
         self.passes: list[dict[str, Any]] = []
         self.turns: list[dict[str, Any]] = []
         self.calls: list[FakeCall] = []
+        self.affinity: list[tuple[str, str]] = []  # (model, session-id header) per call
 
-    async def speech_prob(self, stream, chunk: np.ndarray) -> float:
+    async def speech_prob(self, stream, chunk: np.ndarray, *, session: str = "") -> float:
+        self.affinity.append(("vad", session))
         return self.probs.pop(0) if self.probs else 0.0
 
-    async def transcribe(self, audio, prefix=(), language=None) -> Transcript:
+    async def transcribe(self, audio, prefix=(), language=None, *, session="") -> Transcript:
+        self.affinity.append(("asr", session))
         call = {"seconds": len(audio) / 16000, "prefix": list(prefix), "language": language}
         self.passes.append(call)
         try:
@@ -76,7 +83,8 @@ class FakeTriton:
             raise
         return Transcript(self.text, [1, 2, 3, len(self.passes)], "en")
 
-    def turn(self, **request) -> FakeCall:
+    def turn(self, *, session: str = "", **request) -> FakeCall:
+        self.affinity.append(("avatar", session))
         self.turns.append(request)
         self.calls.append(FakeCall(list(self.turn_events), self.hang))
         return self.calls[-1]
@@ -100,7 +108,9 @@ class Socket:
 
 def _manager(triton: FakeTriton, socket: Socket, controls=None) -> TurnManager:
     values = controls if controls is not None else {"fps": 25}
-    return TurnManager(triton, socket.send_json, socket.send_bytes, lambda: values, 60.0)
+    return TurnManager(
+        triton, socket.send_json, socket.send_bytes, lambda: values, 60.0, tokens=TOKENS
+    )
 
 
 def test_a_typed_turn_streams_its_messages_and_plays_on() -> None:
@@ -166,7 +176,9 @@ def test_a_held_turn_says_nothing_until_confirmed_then_everything_in_order() -> 
 
     triton, socket, before, conversation, turns = asyncio.run(scenario())
     assert before == []
-    assert socket.types() == ["turn_start", "transcript", "sentence", "Audio", "Frames", "turn_end"]
+    assert socket.types() == [
+        "turn_start", "transcript", "sentence", "Audio", "Frames", "turn_end", "session",
+    ]  # fmt: skip
     start = socket.sent[0]
     assert (
         start["speculative_turn"] and start["speculative_asr"] and start["asr_prefix_tokens"] == 4
@@ -199,7 +211,7 @@ def test_a_discarded_turn_says_nothing_and_leaves_a_gap_in_the_numbers() -> None
 
 def test_a_failed_turn_says_why_and_ends() -> None:
     async def scenario():
-        triton = FakeTriton(turn_events=[TurnError("avatar: invalid request: text is empty")])
+        triton = FakeTriton(turn_events=[TurnError("turn_failed", "the turn failed")])
         socket = Socket()
         turn = await _manager(triton, socket).start(text="x")
         await turn.task
@@ -207,9 +219,52 @@ def test_a_failed_turn_says_why_and_ends() -> None:
 
     socket = asyncio.run(scenario())
     assert socket.sent[1:] == [
-        {"type": "error", "turn": 1, "message": "avatar: invalid request: text is empty"},
+        {"type": "error", "code": "turn_failed", "turn": 1, "message": "the turn failed"},
         {"type": "turn_end", "turn": 1, "cancelled": "error"},
     ]
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        [sentence(), ConnectionResetError("10.0.0.7:8001 reset")],  # the stream dies
+        [sentence(), RuntimeError("Traceback (most recent call last) ...")],  # a bug
+        [TranscriptEvent("hi")],  # the stream ends without its final response
+    ],
+)
+def test_a_broken_stream_ends_with_an_error_and_turn_end_and_no_internals(broken) -> None:
+    async def scenario():
+        triton, socket = FakeTriton(turn_events=broken), Socket()
+        turn = await _manager(triton, socket).start(text="x")
+        await asyncio.wait_for(turn.task, 2.0)  # bounded
+        return socket
+
+    socket = asyncio.run(scenario())
+    error, end = socket.sent[-2:]
+    assert error["type"] == "error" and error["code"] in ("turn_failed", "internal")
+    assert end == {"type": "turn_end", "turn": 1, "cancelled": "error"}
+    assert "10.0.0.7" not in str(socket.sent) and "Traceback" not in str(socket.sent)
+
+
+def test_every_turn_call_carries_the_session_id_and_a_fork_its_parents() -> None:
+    async def scenario():
+        triton, socket = FakeTriton(), Socket()
+        turns = _manager(triton, socket)
+        parent = turns.session_id
+        await (await turns.start(text="Hi")).task
+        held = turns.hold("Tell me more", 0)
+        await held.task
+        await turns.confirm(held)
+        await (await turns.start(text="And then?")).task
+        return triton, socket, parent, held
+
+    triton, socket, parent, held = asyncio.run(scenario())
+    assert TOKENS.verify(held.session_id) and held.session_id != parent
+    assert triton.turns[1]["parent_session_id"] == parent  # the parent's token
+    # the affinity header is the parent's id (not its token) on every call, fork included
+    assert triton.affinity == [("avatar", session_of(parent))] * 3
+    assert {"type": "session", "session_id": session_of(held.session_id),
+            "session_token": held.session_id} in socket.sent  # fmt: skip
 
 
 def test_nothing_of_an_interrupted_turn_follows_its_interrupt_message() -> None:

@@ -285,3 +285,59 @@ def test_the_page_falls_back_to_the_cartoon(case: str, portrait_page: str) -> No
     assert stats["face"] == "cartoon" and not stats["portraitReady"] and disabled
     expected = "serves no portrait rig" if case == "no rig" else "WebGL is not available"
     assert expected in stats["portraitError"], stats
+
+
+_CONNECT = """
+const [base, withToken, done] = arguments;
+const result = {};
+try {
+  const grant = await fetch(base + "/access-token", { method: "POST" });
+  result.grant = grant.status;
+} catch (e) { result.grant = "blocked"; }
+let protocols = [];
+if (withToken && result.grant === 200) {
+  protocols = (await (await fetch(base + "/access-token", { method: "POST" })).json()).protocols;
+}
+const ws = new WebSocket(base.replace("http", "ws") + "/ws", protocols);
+ws.onmessage = (e) => {
+  const m = JSON.parse(e.data);
+  result.first = m.type;
+  result.code = m.code;
+  ws.close();
+};
+ws.onclose = (e) => { result.close = e.code; done(result); };
+"""
+
+
+def test_the_page_connects_through_its_token_and_other_pages_are_refused(
+    browser, tmp_path: Path
+) -> None:
+    """The page's origin gets a token and a session; without a token the same page is
+    refused (4401); a page of another origin (another local server, with the gateway's
+    default of admitting local origins turned off) can neither get a token nor connect
+    (4403). No Triton: `ready` needs none."""
+    import functools
+    import http.server
+    import threading
+
+    from gateway.process import running_gateway
+
+    (tmp_path / "index.html").write_text("<p>another site</p>")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=tmp_path)
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    browser.set_script_timeout(20)
+    options = ["--no-local-origins"]
+    try:
+        with running_gateway(NO_TRITON, options, ready_path="/portrait/info") as (base, _):
+            browser.get(base + "/")
+            own = browser.execute_async_script(_CONNECT, base, True)
+            tokenless = browser.execute_async_script(_CONNECT, base, False)
+            browser.get(f"http://localhost:{other.server_address[1]}/")
+            foreign = browser.execute_async_script(_CONNECT, base, False)
+    finally:
+        other.shutdown()
+    assert own["grant"] == 200 and own["first"] == "ready", own
+    assert tokenless["code"] == "unauthorized" and tokenless["close"] == 4401, tokenless
+    assert foreign["grant"] == "blocked", foreign  # 403 without CORS: the page learns nothing
+    assert foreign.get("code") == "forbidden_origin" and foreign["close"] == 4403, foreign

@@ -40,7 +40,9 @@ function sendControls() {
     emotion: $("emotion").value, intensity: +$("intensity").value,
     alpha: +$("alpha").value, fps: +$("fps").value, end_silence_s: +$("silence").value,
   };
-  if ($("persona").value.trim()) controls.persona = $("persona").value.trim();
+  // the operator's personas by name; free text only where the gateway allows it
+  if ($("persona").value.trim() && !$("persona").hidden) controls.persona = $("persona").value.trim();
+  else controls.persona_preset = $("persona-preset").value;
   send({ type: "controls", controls });
 }
 
@@ -182,13 +184,22 @@ function onMessage(event) {
   }
   const m = JSON.parse(event.data);
   switch (m.type) {
-    case "ready":
+    case "ready": {
+      // a page that reconnects goes on with its conversation (the token is the key to it)
+      const saved = sessionStorage.getItem("avatarSession");
+      if (saved && saved !== m.session_token) send({ type: "resume", session_token: saved });
+      else sessionStorage.setItem("avatarSession", m.session_token);
+      const presets = $("persona-preset");
+      presets.replaceChildren(new Option("(the server's)", ""), ...m.personas.map((n) => new Option(n, n)));
+      $("persona").hidden = !m.persona_text;
       names = m.frames.names;
       names.forEach((n, i) => (index[n] = i));
       stats.ready = true;
       $("status").textContent = "listening";
       sendControls();
       break;
+    }
+    case "session": sessionStorage.setItem("avatarSession", m.session_token); break;
     case "speech_start": $("status").textContent = "hearing you"; break;
     case "speech_end": if (!m.utterance_s) endHearing(); turn.endedSpeechAt = performance.now(); $("status").textContent = "thinking"; break;
     case "turn_start":
@@ -207,7 +218,9 @@ function onMessage(event) {
       }
       $("status").textContent = "listening";
       break;
-    case "error": stats.errors.push(m.message); log("error: " + m.message, "err"); break;
+    case "error":
+      if (m.code === "unauthorized" && !m.turn) sessionStorage.removeItem("avatarSession");  // a resume refused: start anew
+      stats.errors.push(m.message); log(`error (${m.code}): ${m.message}`, "err"); break;
   }
 }
 
@@ -220,10 +233,17 @@ async function start() {
   });
   const mic = new AudioWorkletNode(ctx, "mic-processor");
   ctx.createMediaStreamSource(media).connect(mic);
-  ws = new WebSocket((location.protocol === "https:" ? "wss://" : "ws://") + location.host + "/ws");
+  // a short-lived token for this page's origin, offered as a WebSocket subprotocol
+  const grant = await fetch("/access-token", { method: "POST" });
+  if (!grant.ok) throw new Error("no access token: " + (await grant.json()).message);
+  const { protocols } = await grant.json();
+  ws = new WebSocket((location.protocol === "https:" ? "wss://" : "ws://") + location.host + "/ws", protocols);
   ws.binaryType = "arraybuffer";
   ws.onmessage = onMessage;
-  ws.onclose = () => { $("status").textContent = "disconnected"; $("start").disabled = false; };
+  ws.onclose = (e) => {
+    $("status").textContent = "disconnected" + (e.code >= 4000 ? ` (${e.code}: ${e.reason})` : "");
+    $("start").disabled = false;
+  };
   mic.port.onmessage = (e) => {
     if (!ws || ws.readyState !== 1) return;
     const frame = new Uint8Array(1 + e.data.byteLength);
@@ -242,7 +262,7 @@ $("say").onsubmit = (e) => {
   const text = $("text").value.trim();
   if (text) { send({ type: "text", text }); log("you: " + text, "user"); $("text").value = ""; }
 };
-for (const id of ["emotion", "intensity", "alpha", "fps", "silence", "persona"]) $(id).onchange = sendControls;
+for (const id of ["emotion", "intensity", "alpha", "fps", "silence", "persona", "persona-preset"]) $(id).onchange = sendControls;
 $("face-style").onchange = () => setFace($("face-style").value);
 loadPortrait().catch((e) => { portraitFailed(e); log("face: cartoon (" + stats.portraitError + ")"); });
 requestAnimationFrame(draw);

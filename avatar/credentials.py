@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 API_KEY_ENV = "AVATAR_API_KEY"  # the key Triton's restricted protocols require
+GATEWAY_KEY_ENV = "AVATAR_GATEWAY_KEY"  # the operator key services present to the gateway
 KEY_HEADER = "avatar-api-key"  # its header (Triton's --grpc-restricted-protocol)
 GRPC_HEADER_PREFIX = "triton-grpc-protocol-"  # Triton 2.51 reads `<prefix><header>` on gRPC
 
@@ -27,6 +28,13 @@ def read_secret(name: str, env: Mapping[str, str] | None = None) -> str:
         return Path(path).read_text().strip()
     except OSError as error:
         raise ValueError(f"{name}_FILE={path}: {error.strerror}") from None
+
+
+def gateway_key_headers() -> dict[str, str]:
+    """`Authorization: Bearer <operator key>` for a service calling the gateway ({} when
+    $AVATAR_GATEWAY_KEY and its _FILE are unset)."""
+    key = read_secret(GATEWAY_KEY_ENV)
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def grpc_key_headers(key: str, header: str = KEY_HEADER) -> dict[str, str]:

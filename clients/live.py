@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from avatar.credentials import gateway_key_headers
 from avatar.live_protocol import INPUT_RATE, Audio, Frames, mic_message, parse_server_binary
 
 log = logging.getLogger("clients.live")
@@ -106,7 +107,11 @@ async def converse(
     reply = LiveReply()
     turns_wanted = 1 if barge_in is None else 2
     silence = np.zeros(round(CHUNK_S * INPUT_RATE), np.float32)
-    async with aiohttp.ClientSession() as http, http.ws_connect(url, max_msg_size=1 << 24) as ws:
+    headers = gateway_key_headers()  # a service's access: the operator key, when one is set
+    async with (
+        aiohttp.ClientSession() as http,
+        http.ws_connect(url, max_msg_size=1 << 24, headers=headers) as ws,
+    ):
 
         async def receive() -> None:
             async for message in ws:

@@ -27,12 +27,12 @@ import time
 from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
 
-from avatar.credentials import read_secret
+from avatar.credentials import GATEWAY_KEY_ENV, read_secret
 from avatar.session_tokens import SECRET_ENV
 from gateway.protocol import RefusalError
 
 log = logging.getLogger(__name__)
-KEY_ENV = "AVATAR_GATEWAY_KEY"  # or a file named by AVATAR_GATEWAY_KEY_FILE
+KEY_ENV = GATEWAY_KEY_ENV  # or a file named by AVATAR_GATEWAY_KEY_FILE
 TOKEN_TTL_S = 300.0
 SUBPROTOCOL = "avatar.v1"  # the subprotocol the gateway answers the page's offer with
 TOKEN_PROTOCOL_PREFIX = "access."

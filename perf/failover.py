@@ -156,7 +156,7 @@ async def conversations(
     import aiohttp
 
     logs = [SessionLog(NAMES[i % len(NAMES)]) for i in range(sessions)]
-    headers = {"Authorization": f"Bearer {key}"}
+    headers = {"Authorization": f"Bearer {key}"}  # a service's access to the gateway
     ws_url = gateway.replace("http://", "ws://") + "/ws"
     async with aiohttp.ClientSession() as http:
         sockets = [await http.ws_connect(ws_url, headers=headers) for _ in logs]

@@ -29,6 +29,7 @@ import time
 
 import numpy as np
 
+from avatar.credentials import gateway_key_headers
 from avatar.live_protocol import INPUT_RATE, mic_message
 from avatar.vad import CHUNK
 from gateway import metrics as prometheus
@@ -52,11 +53,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fast-audio", type=int, default=4, help="fast-audio connections")
     parser.add_argument("--bad-frames", type=int, default=4, help="bad-frame connections")
     parser.set_defaults(func=main)
-
-
-def _headers() -> dict[str, str]:
-    key = os.environ.get("AVATAR_GATEWAY_KEY")
-    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def _ws(url: str) -> str:
@@ -125,7 +121,7 @@ class Flood:
         import aiohttp
 
         try:
-            return await self.http.ws_connect(self.url, headers=_headers())
+            return await self.http.ws_connect(self.url, headers=gateway_key_headers())
         except aiohttp.WSServerHandshakeError as error:  # refused before the upgrade
             self.closes[f"HTTP {error.status}"] += 1
         except aiohttp.ClientError:
@@ -210,7 +206,7 @@ def _attack(args: argparse.Namespace, stop, results) -> None:
 
 
 async def _metrics(http, url: str) -> dict[str, float]:
-    async with http.get(url.rstrip("/") + "/metrics", headers=_headers()) as response:
+    async with http.get(url.rstrip("/") + "/metrics", headers=gateway_key_headers()) as response:
         return prometheus.parse(await response.text())
 
 
@@ -227,7 +223,9 @@ async def run(args: argparse.Namespace) -> dict:
 
     spoken_audio = [clip.audio for clip in clips(2)] if args.spoken else []
     async with aiohttp.ClientSession() as http:
-        ws = await http.ws_connect(_ws(args.url), headers=_headers(), max_msg_size=1 << 24)
+        ws = await http.ws_connect(
+            _ws(args.url), headers=gateway_key_headers(), max_msg_size=1 << 24
+        )
         normal = Normal(ws, spoken_audio)
         listener = asyncio.create_task(normal.listen())
         await normal._until("ready")

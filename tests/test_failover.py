@@ -32,6 +32,9 @@ def test_a_killed_replica_costs_only_its_turns_in_flight(tmp_path):
     assert result["turns_in_flight_on_killed_replica"] >= 1
     assert result["turns_failed_in_flight"] >= 1
     assert all(error["code"] == "turn_failed" for error in result["in_flight_errors"])
+    assert max(result["error_after_kill_s"]) < 1.0  # said at once, not after a timeout
     assert result["remembered_share"] == 1.0
-    assert max(result["recovery_s"]) < 5.0
+    # their next turns were answered (the time it took is the survivor's turn latency with
+    # every session on it: reported by the command, not a pass/fail figure here)
+    assert len(result["recovery_s"]) == result["turns_failed_in_flight"]
     assert run.returncode == 0, run.stdout + run.stderr

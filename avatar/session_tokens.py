@@ -82,6 +82,16 @@ def session_of(token: str) -> str:
     return match.group(1) if match else ""
 
 
+def affinity_headers(session: str) -> dict[str, str]:
+    """The `session-id` header that the load balancer (deploy/haproxy) hashes, so that every
+    call of a session reaches the replica whose KV cache holds it: a token's id (never the
+    token, a credential), or a trusted caller's own printable id; none for "" or "new"."""
+    routed = session_of(session)
+    if not routed and session != NEW_SESSION and session.isascii() and session.isprintable():
+        routed = session
+    return {AFFINITY_HEADER: routed} if routed else {}
+
+
 def resolve(
     tokens: SessionTokens | None, value: str, what: str = "session_id", *, allow_new: bool = True
 ) -> tuple[str, str]:

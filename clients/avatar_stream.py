@@ -20,7 +20,7 @@ import numpy as np
 
 from avatar.credentials import API_KEY_ENV, grpc_key_headers, read_secret
 from avatar.pipeline import schema
-from avatar.session_tokens import AFFINITY_HEADER, NEW_SESSION, session_of
+from avatar.session_tokens import affinity_headers
 
 
 @dataclasses.dataclass
@@ -169,16 +169,6 @@ def stream_turn(
 def api_key_headers() -> dict[str, str]:
     """Triton's API key from $AVATAR_API_KEY (or the file $AVATAR_API_KEY_FILE names)."""
     return grpc_key_headers(read_secret(API_KEY_ENV))
-
-
-def affinity_headers(session_id: str) -> dict[str, str]:
-    """The `session-id` metadata that the load balancer (deploy/haproxy) hashes, so that
-    every turn of a session reaches the replica whose KV cache holds it: a token's id (not
-    the token, a credential), or a trusted caller's own printable id; none for "new"."""
-    routed = session_of(session_id)
-    if not routed and session_id != NEW_SESSION and session_id.isascii():
-        routed = session_id if session_id.isprintable() else ""
-    return {AFFINITY_HEADER: routed} if routed else {}
 
 
 def _abandoned(model: str, silence_s: float, timeout_s: float, left: float) -> str:

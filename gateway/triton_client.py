@@ -16,7 +16,7 @@ import numpy as np
 from avatar.credentials import KEY_HEADER, grpc_key_headers
 from avatar.pipeline import schema
 from avatar.pipeline.events import TurnEvent
-from avatar.session_tokens import AFFINITY_HEADER
+from avatar.session_tokens import affinity_headers
 from avatar.vad import OUTPUTS as VAD_OUTPUTS
 from avatar.vad import VadStream
 
@@ -43,11 +43,6 @@ def _unavailable(error: BaseException) -> bool:
         if callable(method):
             return any(s in str(method()) for s in ("UNAVAILABLE", "DEADLINE_EXCEEDED"))
     return isinstance(error, ConnectionError)
-
-
-def affinity(session: str) -> dict[str, str]:
-    """The load balancer's routing header of a session id ("": none)."""
-    return {AFFINITY_HEADER: session} if session else {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,7 +154,7 @@ class TritonClient:
         self.headers = dict(headers or {})
 
     def _headers(self, session: str) -> dict[str, str]:
-        return {**self.headers, **affinity(session)}
+        return {**self.headers, **affinity_headers(session)}
 
     async def not_ready(self) -> list[str]:
         """The models the gateway needs that Triton does not report ready."""

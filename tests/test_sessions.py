@@ -12,7 +12,13 @@ import pytest
 from avatar.errors import RequestError
 from avatar.llm.session import MemoryStore, RedisStore, StoreError, open_store
 from avatar.llm.template import Message
-from avatar.session_tokens import NEW_SESSION, SessionTokens, resolve, session_of
+from avatar.session_tokens import (
+    NEW_SESSION,
+    SessionTokens,
+    affinity_headers,
+    resolve,
+    session_of,
+)
 
 SECRET = "a-session-secret-for-tests-0123456789"
 
@@ -150,3 +156,11 @@ def test_a_password_and_a_database_from_the_url(redis_url):
     with pytest.raises(StoreError) as error:
         wrong.history("a")
     assert "guess" not in str(error.value) and "pa55word" not in str(error.value)
+
+
+def test_the_affinity_header_carries_the_id_never_the_token():
+    token = SessionTokens(SECRET).mint()
+    assert affinity_headers(token) == {"session-id": session_of(token)}
+    assert affinity_headers("chat") == {"session-id": "chat"}  # a trusted caller's own id
+    assert affinity_headers("") == affinity_headers(NEW_SESSION) == {}
+    assert affinity_headers("ünï") == {}  # gRPC metadata is printable ASCII

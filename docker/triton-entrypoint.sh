@@ -49,8 +49,11 @@ drain() {
   kill -TERM "$server" 2>/dev/null || true
 }
 trap drain TERM INT
-code=0
+# a `wait` that the trap interrupts returns 143 while the server still runs: wait again
+# until it has exited, then once more for its own status (bash keeps it)
 while kill -0 "$server" 2>/dev/null; do
-  wait "$server" && code=0 || code=$?
+  wait "$server" || true
 done
+code=0
+wait "$server" || code=$?
 exit "$code"

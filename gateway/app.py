@@ -234,10 +234,10 @@ async def _serve(
                 await session.on_binary(message.data)
         except ProtocolError as error:  # the client's mistake: say so, keep serving
             refusal = RefusalError("bad_request", str(error))
-            with contextlib.suppress(RefusalError):
+            try:
                 limits.bad_message()
-            if limits.bad > limits.limits.bad_messages:
-                refusal = RefusalError("bad_request", "too many bad messages", close=True)
+            except RefusalError as too_many:  # ...until it has made too many
+                refusal = too_many
         except RefusalError as error:
             refusal = error
         except Exception as error:  # Triton down, a model failing: say so, keep serving

@@ -25,7 +25,6 @@ import dataclasses
 import json
 import logging
 import os
-import re
 import secrets
 import shutil
 import signal
@@ -41,6 +40,7 @@ from typing import Any
 
 from avatar.llm.session import RedisStore
 from avatar.session_tokens import session_of
+from perf import probe
 from serving.deployment import build_repository
 from serving.local_services import local_config, running_haproxy, running_redis
 from serving.server import EmbeddedServer, ServerOptions, free_port
@@ -106,12 +106,9 @@ def health_endpoint(
 def active_turns(server: EmbeddedServer) -> float:
     """The replica's `avatar_active{model="avatar",what="turns"}` gauge (-1: unreachable)."""
     try:
-        with urllib.request.urlopen(server.metrics_url, timeout=1) as response:
-            text = response.read().decode()
+        return probe.gauge(probe.metrics(server.metrics_url, ("avatar_active",)), "avatar", "turns")
     except OSError:
         return -1.0
-    match = re.search(r'avatar_active\{[^}]*model="avatar"[^}]*what="turns"[^}]*\} (\S+)', text)
-    return float(match.group(1)) if match else 0.0
 
 
 # ------------------------------------------------------------------------ the sessions

@@ -59,31 +59,34 @@ class Gauge:
         return self._value
 
 
-class Counter:
+class _Counter:
+    """One labelled series of a counter family; `increment()` adds one."""
+
+    def __init__(self, name: str, description: str, labels: dict[str, str]):
+        family = _family(name, description, pb_utils.MetricFamily.COUNTER)
+        self._metric = family.Metric(labels=labels)
+
+    def increment(self) -> None:
+        self._metric.increment(1.0)
+
+
+class Counter(_Counter):
     """Requests a model refused (admission limits), by reason."""
 
     def __init__(self, model: str, reason: str):
-        family = _family(
+        super().__init__(
             "avatar_refused_total",
             "Requests a python-backend model refused before starting work, by reason",
-            pb_utils.MetricFamily.COUNTER,
+            {"model": model, "reason": reason},
         )
-        self._metric = family.Metric(labels={"model": model, "reason": reason})
-
-    def increment(self) -> None:
-        self._metric.increment(1.0)
 
 
-class Failures:
+class Failures(_Counter):
     """Failures a model survived (the turn was still answered), by what failed."""
 
     def __init__(self, model: str, what: str):
-        family = _family(
+        super().__init__(
             "avatar_failures_total",
             "Failures a python-backend model survived (the request was still answered)",
-            pb_utils.MetricFamily.COUNTER,
+            {"model": model, "what": what},
         )
-        self._metric = family.Metric(labels={"model": model, "what": what})
-
-    def increment(self) -> None:
-        self._metric.increment(1.0)

@@ -152,6 +152,7 @@ class Utterance:
     """The end of speech is confirmed."""
 
     audio: np.ndarray  # [samples]: the pre-roll, the speech and its closing silence
+    ended_by: str = "silence"  # or "model": an end-of-turn model said it was complete
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,15 +160,25 @@ class TooShort:
     """Speech ended too short to be an utterance (a cough, a click)."""
 
 
-EndpointEvent = SpeechStarted | SpeechPaused | SpeechResumed | Utterance | TooShort
+@dataclasses.dataclass(frozen=True)
+class AskTurnModel:
+    """Ask the end-of-turn model about the utterance so far (`audio`, its trailing silence
+    included); its answer goes back to the strategy's `decide(probability, pause)`."""
+
+    audio: np.ndarray
+    pause: int  # which pause of the utterance the question is about
+
+
+EndpointEvent = SpeechStarted | SpeechPaused | SpeechResumed | Utterance | TooShort | AskTurnModel
 
 
 class TurnEndStrategy(Protocol):
     """When the user's turn ends, decided chunk by chunk from the audio and its speech
     probability, as pipecat's user-turn stop strategies decide it: a silence timeout
-    (`Endpointer`), or in its place another detector with the same methods (e.g. an
-    end-of-turn model such as Smart Turn over the utterance so far). The live gateway takes
-    its strategy from a factory (gateway.session.LiveSession's `endpointing`)."""
+    (`Endpointer`), or in its place another detector with the same methods: an end-of-turn
+    model over the utterance so far (avatar.end_of_turn.ModelEndpointer, which asks with
+    `AskTurnModel` events and hears back through `decide`). The live gateway takes its
+    strategy from its options (gateway/endpointing.py)."""
 
     @property
     def speaking(self) -> bool:
@@ -189,6 +200,12 @@ class TurnEndStrategy(Protocol):
 
     def step(self, chunk: np.ndarray, prob: float) -> list[EndpointEvent]:
         """One chunk [512] and its speech probability -> what it changed, in order."""
+
+    def decide(
+        self, probability: float, pause: int, text: str | None = None
+    ) -> list[EndpointEvent]:
+        """An end-of-turn model's answer to an `AskTurnModel` (with the transcript at that
+        pause, when there is one) -> what it changed."""
 
 
 class Endpointer:
@@ -229,6 +246,11 @@ class Endpointer:
 
     def set_end_silence(self, seconds: float) -> None:
         self.detector.min_silence = max(1, round(seconds / CHUNK_S))
+
+    def decide(
+        self, probability: float, pause: int, text: str | None = None
+    ) -> list[EndpointEvent]:
+        return []  # silence alone decides: never asks
 
     def push(self, chunk: np.ndarray, prob: float) -> np.ndarray | None:
         """One chunk [512] and its probability -> the finished utterance, or None."""

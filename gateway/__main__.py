@@ -16,6 +16,7 @@ from pathlib import Path
 from avatar.credentials import API_KEY_ENV, KEY_HEADER, read_secret
 from gateway.access import Origins
 from gateway.app import Edge, run, ssl_context
+from gateway.endpointing import STRATEGIES
 from gateway.limits import Limits
 from gateway.options import SessionOptions, load_personas
 from gateway.triton_client import TritonAccess
@@ -86,6 +87,26 @@ def command_line() -> argparse.ArgumentParser:
         help="silence that ends an utterance",
     )
     parser.add_argument(
+        "--endpointing",
+        choices=STRATEGIES,
+        default=SessionOptions.endpointing,
+        help="model: the end-of-turn model (turn_detector) asked at short pauses ends a "
+        "complete turn at once and lets an unfinished one pause longer; silence: "
+        "--end-silence-s of silence ends every turn",
+    )
+    parser.add_argument(
+        "--turn-complete-at",
+        type=float,
+        default=SessionOptions.turn_complete_at,
+        help="the model's probability at which a turn is complete",
+    )
+    parser.add_argument(
+        "--turn-incomplete-silence-s",
+        type=float,
+        default=SessionOptions.turn_incomplete_silence_s,
+        help="the silence that ends a turn the model called incomplete",
+    )
+    parser.add_argument(
         "--speculate-after-s",
         type=float,
         default=SessionOptions.speculate_after_s,
@@ -145,6 +166,9 @@ def command_line() -> argparse.ArgumentParser:
 def session_options(args: argparse.Namespace) -> SessionOptions:
     return SessionOptions(
         end_silence_s=args.end_silence_s,
+        endpointing=args.endpointing,
+        turn_complete_at=args.turn_complete_at,
+        turn_incomplete_silence_s=args.turn_incomplete_silence_s,
         speculate_after_s=None if args.no_speculate else args.speculate_after_s,
         speculate_turn=args.speculate_turn and not args.no_speculate,
         partial_every_s=None if args.no_partials or args.no_speculate else args.partial_every_s,

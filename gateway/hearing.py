@@ -189,6 +189,21 @@ class Hearing:
             result.turn = self.hold(text, len(prefix))
         return result
 
+    async def pause_text(self) -> str | None:
+        """The transcript of the current pause's pass, once it is done (None: no pass, or
+        it was dropped or failed). Waiting for it does not cancel it."""
+        task = self.at_pause
+        if task is None:
+            return None
+        try:
+            return (await asyncio.shield(task)).text
+        except asyncio.CancelledError:
+            if task.cancelled():
+                return None  # the pass was dropped: speech resumed
+            raise  # the caller itself was cancelled
+        except Exception:  # the failure is logged where the turn takes the pass
+            return None
+
     def drop(self) -> None:
         """The pause was not the end (or a typed turn came): cancel its pass and its turn;
         the conversation is unchanged (that turn answered in a fork of it)."""

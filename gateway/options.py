@@ -7,6 +7,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+from avatar.end_of_turn import ASK_AT_S, COMPLETE_AT, INCOMPLETE_SILENCE_S
 from avatar.vad import END_SILENCE_S
 
 
@@ -17,6 +18,15 @@ class SessionOptions:
     silence_timeout_s: float = 60.0  # a turn silent this long is abandoned with an error
     # an utterance this long is cut and not answered (noise, or a monologue): error too_long
     max_utterance_s: float = 30.0
+    # When the turn ends (gateway/endpointing.py): "model" asks `turn_detector` (Smart
+    # Turn v3.2) at the silences of turn_ask_at_s; p >= turn_complete_at ends the turn then,
+    # a lower answer lets the speaker pause up to turn_incomplete_silence_s; with no answer,
+    # end_silence_s. "silence": end_silence_s always. The figures: python -m perf
+    # endpointing (docs/performance.md section 18).
+    endpointing: str = "model"
+    turn_ask_at_s: tuple[float, ...] = ASK_AT_S
+    turn_complete_at: float = COMPLETE_AT
+    turn_incomplete_silence_s: float = INCOMPLETE_SILENCE_S
     # the operator's personas, {name: persona text}: a web client picks one by name
     # (`persona_preset`); free `persona` text only with allow_persona_text (or the key)
     personas: dict[str, str] = dataclasses.field(default_factory=dict)

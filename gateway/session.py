@@ -21,7 +21,7 @@ from avatar.session_tokens import SessionTokens
 from avatar.vad import (
     CHUNK,
     CHUNK_S,
-    Endpointer,
+    AskTurnModel,
     EndpointEvent,
     SpeechPaused,
     SpeechResumed,
@@ -32,6 +32,7 @@ from avatar.vad import (
     VadStream,
 )
 from gateway import protocol
+from gateway.endpointing import TurnAsks, endpointer
 from gateway.hearing import Hearing, PassBudget
 from gateway.options import SessionOptions
 from gateway.protocol import RefusalError
@@ -39,17 +40,6 @@ from gateway.triton_client import TritonClient
 from gateway.turns import TurnManager
 
 log = logging.getLogger(__name__)
-
-
-def silence_endpointer(options: SessionOptions) -> TurnEndStrategy:
-    """The default end of turn: `end_silence_s` of silence (pauses reported at
-    `speculate_after_s`, for the speculative transcript)."""
-    return Endpointer(
-        threshold=options.threshold,
-        end_silence_s=options.end_silence_s,
-        max_utterance_s=options.max_utterance_s,
-        pause_s=options.speculate_after_s,
-    )
 
 
 class LiveSession:
@@ -68,7 +58,7 @@ class LiveSession:
         budget: PassBudget,
         tokens: SessionTokens,
         trusted: bool = False,
-        endpointing: Callable[[SessionOptions], TurnEndStrategy] = silence_endpointer,
+        endpointing: Callable[[SessionOptions], TurnEndStrategy] = endpointer,
         turn_ended: Callable[[str], None] = lambda _outcome: None,
     ) -> None:
         self.triton, self.send_json = triton, send_json
@@ -101,6 +91,11 @@ class LiveSession:
             detect_language_s=options.detect_language_s,
             hold=self.turns.hold if options.speculate_turn else None,
             discard=self.turns.discard,
+        )
+        self.asks = TurnAsks(
+            lambda audio: triton.turn_complete(audio, session=self.turns.affinity),
+            self.hearing.pause_text,
+            self._answered,
         )
 
     @property
@@ -192,6 +187,7 @@ class LiveSession:
         await self.send_json({"type": "controls", "controls": controls})
 
     async def close(self) -> None:
+        self.asks.close()
         self.hearing.close()
         await self.turns.interrupt("closed", notify=False)
 
@@ -202,6 +198,8 @@ class LiveSession:
                 await self.turns.interrupt("barge-in")
         elif isinstance(event, SpeechPaused):
             self.hearing.paused(event.audio)
+        elif isinstance(event, AskTurnModel):
+            self.asks.ask(event)
         elif isinstance(event, SpeechResumed):
             self.hearing.drop()  # the pause was inside the utterance
         elif isinstance(event, (TooShort, Utterance)):
@@ -210,7 +208,7 @@ class LiveSession:
                 (limit - CHUNK_S) * INPUT_RATE
             )  # the endpointer cut it at the maximum
             if isinstance(event, Utterance) and not too_long:
-                await self._utterance(event.audio)
+                await self._utterance(event.audio, event.ended_by)
                 return
             self.hearing.drop()  # a cough, a click; or noise, a monologue: not a question
             self.hearing.reset()
@@ -220,12 +218,18 @@ class LiveSession:
                     "too_long", f"an utterance longer than {limit:g} s: not answered"
                 )
 
-    async def _utterance(self, audio: np.ndarray) -> None:
+    async def _answered(self, probability: float, pause: int, text: str | None) -> None:
+        """The end-of-turn model's answer: in order with the chunks (it may end the turn)."""
+        async with self._vad_lock:
+            for event in self.endpointer.decide(probability, pause, text):
+                await self._on_endpoint(event)
+
+    async def _utterance(self, audio: np.ndarray, ended_by: str) -> None:
         """The end of speech is confirmed: the held turn, or a turn from the transcript at
         the pause, or (none) from the audio."""
         heard = self.hearing.end()
         seconds = round(len(audio) / INPUT_RATE, 3)
-        await self.send_json({"type": "speech_end", "utterance_s": seconds})
+        await self.send_json({"type": "speech_end", "utterance_s": seconds, "ended_by": ended_by})
         at_pause = await heard
         if at_pause is not None and at_pause.turn is not None:
             await self.turns.confirm(at_pause.turn)

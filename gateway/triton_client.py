@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from avatar.credentials import KEY_HEADER, grpc_key_headers
+from avatar.end_of_turn import turn_features
 from avatar.pipeline import schema
 from avatar.pipeline.events import TurnEvent
 from avatar.session_tokens import affinity_headers
@@ -23,6 +24,7 @@ from avatar.vad import VadStream
 # the page draws the face from the blendshapes: no pixels over the socket
 TURN_OUTPUTS = tuple(name for name in schema.OUTPUTS if name != "video")
 ASR_OUTPUTS = ("text", "tokens", "detected_language")
+TURN_INPUT, TURN_OUTPUT = "input_features", "probability"  # model_repository/turn_detector
 log = logging.getLogger(__name__)
 
 
@@ -150,7 +152,7 @@ class TritonClient:
         headers: Mapping[str, str] | None = None,
     ):
         self.client, self.avatar_model, self.asr_model = client, avatar_model, asr_model
-        self.vad_model = "vad"
+        self.vad_model, self.turn_model = "vad", "turn_detector"
         self.headers = dict(headers or {})
 
     def _headers(self, session: str) -> dict[str, str]:
@@ -176,6 +178,18 @@ class TritonClient:
             headers=self._headers(session),
         )
         return float(stream.update({n: result.as_numpy(n) for n in VAD_OUTPUTS})[0])
+
+    async def turn_complete(self, audio: np.ndarray, *, session: str = "") -> float:
+        """The `turn_detector` model's probability that the utterance so far (16 kHz, its
+        trailing silence included) is a complete turn."""
+        features = await asyncio.to_thread(turn_features, audio)  # ~20 ms of numpy
+        result = await self.client.infer(
+            self.turn_model,
+            _inputs({TURN_INPUT: features[None]}),
+            outputs=_outputs([TURN_OUTPUT]),
+            headers=self._headers(session),
+        )
+        return float(result.as_numpy(TURN_OUTPUT).reshape(-1)[0])
 
     async def transcribe(
         self,

@@ -1,23 +1,30 @@
-"""Quick but not cutting people off: the silence that ends an utterance (`python -m perf
-endpointing`).
+"""Quick but not cutting people off: what ends an utterance (`python -m perf endpointing`).
 
 Runs the exported Silero VAD (ONNX Runtime, in-process, 32-ms chunks, the state carried as
-the `vad` model carries it) and the project's `Endpointer` over questions that pause inside:
+the `vad` model carries it) and the gateway's strategies over questions that pause inside:
 
 - `commas`: the packaged voice speaking questions with commas and lists (its own pauses);
-- `hesitation P`: two halves of a question joined by P seconds of silence, as a speaker
-  who stops to think (0.3, 0.45, 0.6 s);
-- `human`: the real recordings (Debian pocketsphinx-testdata), whole sentences.
+- `hesitation P`: a question spoken whole, with P seconds of silence put in at the quiet
+  point nearest the end of its first half ("Can you tell me | where the nearest pharmacy
+  is?"), as a speaker who stops to think (0.3 to 1.0 s): the voice's intonation there is
+  that of an unfinished sentence;
+- `human`: the real recordings (Debian pocketsphinx-testdata), whole sentences, with the
+  pauses their readers made.
 
-For each `end_silence_s`, per set: how many questions were cut before their end (the
-endpointer returned an utterance while more speech followed: a turn would start on half a
-question) and the endpoint delay after the end of the last speech chunk, median and p95.
+Strategies: `silence S` (today's rule, `end_silence_s` S) and `model C/W` (the end-of-turn
+model `turn_detector`, run in-process on the artifact Triton serves, asked at 0.2 and 0.6 s
+of silence, its answer taking `--ask-latency-ms`; p >= C ends the turn, an "incomplete"
+lets the speaker pause W seconds). Per strategy and set: questions cut before their end
+(the endpointer returned an utterance while more speech followed: a turn would start on
+half a question) and the endpoint delay after the end of the last speech chunk, median
+and p95.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -26,8 +33,12 @@ from evals.report import DEFAULT_OUT, save_results
 
 log = logging.getLogger(__name__)
 OUT = DEFAULT_OUT / "endpointing"
-SILENCES = (0.3, 0.4, 0.5, 0.6, 0.7, 0.9)
-HESITATIONS = (0.3, 0.45, 0.6)
+SILENCES = (0.3, 0.5, 0.7, 0.9)
+HESITATIONS = (0.3, 0.45, 0.6, 0.8, 1.0)
+# (complete_at, incomplete_silence_s) of the model strategy
+MODEL_SETTINGS = ((0.5, 1.4), (0.7, 1.0), (0.7, 1.4), (0.8, 1.4))
+ASK_LATENCY_MS = 100.0  # features + one turn_detector call on a busy 2-core machine
+PAUSE_S = 0.2  # the gateway's speculative transcript starts at this pause
 COMMA_QUESTIONS = (
     "Well, I was wondering, is the pool open today, or only on weekends?",
     "If I check out late, say around two, will you charge me for another night?",
@@ -44,24 +55,87 @@ HALVES = (
 )
 
 
-def endpoints(probs: np.ndarray, end_silence_s: float) -> tuple[int, float | None]:
-    """(utterances cut before the last speech, delay in s of the final endpoint after the
-    last speech chunk) for one question followed by silence."""
-    from avatar.vad import CHUNK, CHUNK_S, Endpointer
+# utterance so far -> (p(turn complete), its transcript or None, seconds the answer took)
+Ask = Callable[[np.ndarray], tuple[float, str | None, float]]
 
-    endpointer = Endpointer(end_silence_s=end_silence_s)
+
+def endpoints(
+    probs: np.ndarray,
+    end_silence_s: float = 0.7,
+    *,
+    audio: np.ndarray | None = None,
+    model: tuple[float, float] | None = None,
+    ask: Ask | None = None,
+    ask_latency_s: float = 0.0,
+) -> tuple[int, float | None, float | None]:
+    """(utterances cut before the last speech, delay in s of the final endpoint after the
+    last speech chunk, delay until the turn can start: the endpoint and the transcript of
+    the pass at the last pause) for one question followed by silence. `model` (complete_at,
+    incomplete_silence_s) with `ask`: the end-of-turn strategy over `audio`, each answer
+    arriving after the longer of `ask_latency_s` and the time its transcript took."""
+    from avatar.end_of_turn import ModelEndpointer
+    from avatar.vad import (
+        CHUNK,
+        CHUNK_S,
+        AskTurnModel,
+        Endpointer,
+        SpeechPaused,
+        SpeechResumed,
+        Utterance,
+        chunks,
+    )
+
+    if model is None:
+        endpointer: Endpointer = Endpointer(end_silence_s=end_silence_s, pause_s=PAUSE_S)
+    else:
+        endpointer = ModelEndpointer(
+            end_silence_s=end_silence_s,
+            pause_s=PAUSE_S,
+            complete_at=model[0],
+            incomplete_silence_s=model[1],
+        )
+    frames = chunks(audio) if audio is not None else np.zeros((len(probs), CHUNK), np.float32)
     speech = np.flatnonzero(probs >= endpointer.detector.threshold)
     if not len(speech):
-        return 0, None
+        return 0, None, None
     last = int(speech[-1])
-    early, delay = 0, None
+    early, delay, start, transcribed = 0, None, None, None
+    answers: list[tuple[int, float, int, str | None]] = []  # (due chunk, p, pause, text)
     for index, prob in enumerate(probs):
-        if endpointer.push(np.zeros(CHUNK, np.float32), float(prob)) is not None:
+        events = endpointer.step(frames[index], float(prob))
+        for event in events:
+            if isinstance(event, SpeechPaused) and ask is not None:  # the pass at the pause
+                transcribed = index + int(np.ceil(ask(event.audio)[2] / CHUNK_S))
+            elif isinstance(event, SpeechResumed):
+                transcribed = None
+        for event in [e for e in events if isinstance(e, AskTurnModel)]:
+            assert ask is not None, "the model strategy needs `ask`"
+            p, text, took = ask(event.audio)
+            due = index + int(np.ceil(max(ask_latency_s, took) / CHUNK_S))
+            answers.append((due, p, event.pause, text))
+        for answer in [a for a in answers if a[0] <= index]:
+            answers.remove(answer)
+            events += endpointer.decide(*answer[1:])
+        if any(isinstance(e, Utterance) for e in events):
             if index < last:
                 early += 1
             elif delay is None:
                 delay = (index - last) * CHUNK_S
-    return early, delay
+                start = (max(index, transcribed or index) - last) * CHUNK_S
+    return early, delay, start
+
+
+def hesitating(question: str, first_half: str, pause_s: float) -> np.ndarray:
+    """`question` spoken whole by the voice, with `pause_s` of silence at the quiet point
+    nearest where `first_half` ends (its length spoken alone, scaled to the question's)."""
+    from evals.clips import synthesize
+    from export.turn_detector.recipe import quiet_cut
+
+    whole, alone = synthesize(question), synthesize(first_half)
+    fraction = min(0.9, len(alone) / len(whole) * 0.95)  # said alone, it ends slower
+    head = quiet_cut(whole, fraction)
+    gap = np.zeros(round(pause_s * 16_000), np.float32)
+    return np.concatenate([head, gap, whole[len(head) :]])
 
 
 def material() -> dict[str, list[np.ndarray]]:
@@ -71,67 +145,143 @@ def material() -> dict[str, list[np.ndarray]]:
     tail = np.zeros(2 * 16_000, np.float32)
     lead = np.zeros(int(0.3 * 16_000), np.float32)
     sets = {"commas": [np.concatenate([lead, synthesize(q), tail]) for q in COMMA_QUESTIONS]}
-    halves = [(synthesize(a), synthesize(b)) for a, b in HALVES]
     for pause in HESITATIONS:
-        gap = np.zeros(int(pause * 16_000), np.float32)
         sets[f"hesitation {pause:g} s"] = [
-            np.concatenate([lead, a, gap, b, tail]) for a, b in halves
+            np.concatenate([lead, hesitating(f"{a} {b}", a, pause), tail]) for a, b in HALVES
         ]
     sets["human"] = [np.concatenate([lead, c.audio, tail]) for c in human_clips()]
     return sets
 
 
-def run(silences=SILENCES) -> list[dict]:
+def run(
+    silences=SILENCES, models=MODEL_SETTINGS, ask_latency_ms: float = ASK_LATENCY_MS
+) -> list[dict]:
+    import time
+
+    from avatar.end_of_turn import turn_features
     from avatar.vad import onnx_vad, speech_probabilities
     from export.common import onnx_session
     from export.registry import ensure_all
 
-    run = onnx_vad(onnx_session(ensure_all(["vad"])["vad"] / "model.onnx"))
+    built = ensure_all(["vad", "turn_detector"])
+    run = onnx_vad(onnx_session(built["vad"] / "model.onnx"))
+    detector = onnx_session(built["turn_detector"] / "model.onnx")
+    transcribe = _transcriber()
+    asked: dict[bytes, tuple[float, str, float]] = {}
+
+    def ask(audio: np.ndarray) -> tuple[float, str, float]:
+        key = audio[-16_000:].tobytes() + len(audio).to_bytes(8, "little")
+        if key not in asked:  # the same question comes back for each setting
+            features = turn_features(audio)[None]
+            p = float(detector.run(["probability"], {"input_features": features})[0])
+            started = time.monotonic()
+            text = transcribe(audio)
+            asked[key] = (p, text, time.monotonic() - started)
+        return asked[key]
+
+    def without_text(audio: np.ndarray) -> tuple[float, None, float]:
+        return ask(audio)[0], None, 0.0  # the model's answer alone: its latency
+
+    audios = material()
     probabilities = {
-        name: [speech_probabilities(run, a) for a in audios] for name, audios in material().items()
+        name: [speech_probabilities(run, a) for a in items] for name, items in audios.items()
     }
+    strategies = [(f"silence {s:g}", s, None, ask) for s in silences]
+    for c, w in models:
+        strategies += [(f"model {c:g}/{w:g}", 0.7, (c, w), without_text)]
+        strategies += [(f"model+text {c:g}/{w:g}", 0.7, (c, w), ask)]
     rows = []
-    for silence in silences:
+    for label, silence, model, asking in strategies:
         for name, probs in probabilities.items():
-            results = [endpoints(p, silence) for p in probs]
-            delays = [d for _, d in results if d is not None]
+            results = [
+                endpoints(
+                    p,
+                    silence,
+                    audio=a,
+                    model=model,
+                    ask=asking,
+                    ask_latency_s=ask_latency_ms / 1000,
+                )
+                for p, a in zip(probs, audios[name], strict=True)
+            ]
+            delays = [d for _, d, _ in results if d is not None]
+            starts = [t for _, _, t in results if t is not None]
             rows.append(
                 {
-                    "end_silence_s": silence,
+                    "strategy": label,
                     "set": name,
                     "questions": len(results),
-                    "cut_early": sum(e > 0 for e, _ in results),
+                    "cut_early": sum(e > 0 for e, _, _ in results),
                     "delay_p50_ms": round(float(np.percentile(delays, 50)) * 1000),
                     "delay_p95_ms": round(float(np.percentile(delays, 95)) * 1000),
+                    "start_p50_ms": round(float(np.percentile(starts, 50)) * 1000),
+                    "start_p95_ms": round(float(np.percentile(starts, 95)) * 1000),
                 }
             )
     return rows
 
 
+def _transcriber() -> Callable[[np.ndarray], str]:
+    """The served ASR's transcript, in-process (the speculative pass at the pause)."""
+    from avatar.asr.onnx_runtime import DECODER_STEP_FILE, OnnxWhisperRuntime
+    from avatar.asr.transcribe import transcribe
+    from avatar.asr.vocab import WhisperVocab
+    from export.asr.weights import packaged_ct2_dir
+    from export.registry import ensure_all
+    from serving.served import local_config
+
+    built = ensure_all(["asr_encoder", "asr_decoder"])
+    runtime = OnnxWhisperRuntime(
+        built["asr_encoder"] / "model.onnx", built["asr_decoder"] / DECODER_STEP_FILE
+    )
+    ct2 = packaged_ct2_dir()
+    vocab = WhisperVocab.load(ct2 / "tokenizer.json", ct2 / "config.json")
+    options = local_config().asr
+    return lambda audio: transcribe(runtime, vocab, [audio], options)[0].text
+
+
 def markdown(rows: list[dict]) -> str:
     sets = list(dict.fromkeys(r["set"] for r in rows))
     lines = [
-        "| end_silence_s | "
+        "| strategy | "
         + " | ".join(f"{s}: cut early" for s in sets)
-        + " | delay p50 / p95 ms (worst set) |",
-        "|---:|" + "---:|" * (len(sets) + 1),
+        + " | hesitations cut | endpoint p50 / p95 ms: commas | human "
+        + "| turn can start p50 / p95 ms: commas | human |",
+        "|---|" + "---:|" * (len(sets) + 5),
     ]
-    for silence in dict.fromkeys(r["end_silence_s"] for r in rows):
-        group = [r for r in rows if r["end_silence_s"] == silence]
-        cells = [f"{r['cut_early']}/{r['questions']}" for r in group]
-        p50 = max(r["delay_p50_ms"] for r in group)
-        p95 = max(r["delay_p95_ms"] for r in group)
-        lines.append(f"| {silence:g} | " + " | ".join(cells) + f" | {p50} / {p95} |")
+    for strategy in dict.fromkeys(r["strategy"] for r in rows):
+        group = {r["set"]: r for r in rows if r["strategy"] == strategy}
+        cells = [f"{group[s]['cut_early']}/{group[s]['questions']}" for s in sets]
+        hesitations = [r for name, r in group.items() if name.startswith("hesitation")]
+        cut = sum(r["cut_early"] for r in hesitations) / max(
+            1, sum(r["questions"] for r in hesitations)
+        )
+        delays = [
+            f"{group[s][f'{kind}_p50_ms']} / {group[s][f'{kind}_p95_ms']}"
+            for kind in ("delay", "start")
+            for s in ("commas", "human")
+        ]
+        lines.append(
+            f"| {strategy} | " + " | ".join(cells) + f" | {cut:.0%} | " + " | ".join(delays) + " |"
+        )
     return "\n".join(lines)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--silences", type=float, nargs="*", default=list(SILENCES))
+    parser.add_argument(
+        "--models",
+        nargs="*",
+        default=[f"{c:g}/{w:g}" for c, w in MODEL_SETTINGS],
+        help="model strategies complete_at/incomplete_silence_s",
+    )
+    parser.add_argument("--ask-latency-ms", type=float, default=ASK_LATENCY_MS)
     parser.add_argument("--out", type=Path, default=OUT)
     parser.set_defaults(func=command)
 
 
 def command(args: argparse.Namespace) -> int:
-    rows = run(tuple(args.silences))
+    models = tuple(tuple(float(x) for x in m.split("/")) for m in args.models)
+    rows = run(tuple(args.silences), models, args.ask_latency_ms)
     save_results(args.out, "endpointing", rows, markdown(rows))
     return 0

@@ -17,21 +17,23 @@ of the clip's loudest), client side:
 - `first_token`, `first_sentence` (the LLM's first piece for TTS): the transcript's arrival
   + the server's own delays after the transcript (LLM stats, turn milestones).
 
-The settings run against one server in one run, alternating per question, each through
-its own gateway: `today` (the defaults: speculative ASR in the gateway, ASR windows in
-proportion to the audio, the first clause to TTS, the INT8 variants that passed their gates
-on the CPU), `release` (the first release: `avatar_release` over `asr_release` with 30-s
-windows and `llm_release` with whole sentences, no speculation) and `fp32` (today's settings
-with the FP32 graphs of `llm_decoder`, `tts_vits` and `emotion_encoder`: `avatar_fp32` over
-`*_fp32` copies) and `threads2` (today's, with 2 ONNX Runtime threads per call in the ASR,
-LLM and TTS networks instead of 1), the copies materialised beside the other models; and
-`spec_turn` (today's models, the gateway also starting the reply at the first pause, held
-until the end of speech is confirmed: `--speculate-turn`); `no_partials` (today's, without
-the ASR passes while the user speaks: `--no-partials`); `early_passes` (today's, but a
-new session's first pass after 1 s of speech rather than 2, before its language is known:
-`--detect-language-s 0`); `clause2` (today's, the first piece for TTS at a clause break
-after 2 words instead of 4); `passes_alongside` (today's, but the passes while the user
-speaks run alongside a pass at a pause instead of being cancelled by it:
+The settings run against one server in one run, alternating per question, each through its
+own gateway: `today` (the defaults: the end-of-turn model `turn_detector` asked at short
+pauses, speculative ASR in the gateway, ASR windows in proportion to the audio, the first
+clause to TTS, the INT8 variants that passed their gates on the CPU), `silence` (today's,
+but the turn ends by `end_silence_s` of silence alone, as before the end-of-turn model:
+`--endpointing silence`), `release` (the first release: `avatar_release` over `asr_release`
+with 30-s windows and `llm_release` with whole sentences, no speculation) and `fp32`
+(today's settings with the FP32 graphs of `llm_decoder`, `tts_vits` and `emotion_encoder`:
+`avatar_fp32` over `*_fp32` copies) and `threads2` (today's, with 2 ONNX Runtime threads
+per call in the ASR, LLM and TTS networks instead of 1), the copies materialised beside the
+other models; and `spec_turn` (today's models, the gateway also starting the reply at the
+first pause, held until the end of speech is confirmed: `--speculate-turn`); `no_partials`
+(today's, without the ASR passes while the user speaks: `--no-partials`); `early_passes`
+(today's, but a new session's first pass after 1 s of speech rather than 2, before its
+language is known: `--detect-language-s 0`); `clause2` (today's, the first piece for TTS at
+a clause break after 2 words instead of 4); `passes_alongside` (today's, but the passes
+while the user speaks run alongside a pass at a pause instead of being cancelled by it:
 `--passes-alongside`). `stall` is not a time from the end of speech: the milliseconds a
 player that starts with the first audio waits, in all, for later audio that is late.
 Results:
@@ -61,6 +63,7 @@ log = logging.getLogger(__name__)
 OUT = DEFAULT_OUT / "latency"
 SETTINGS = (
     "today",
+    "silence",
     "release",
     "fp32",
     "threads2",
@@ -277,9 +280,11 @@ def run_level(
 
 def _gateway_options(setting: str, end_silence_s: float) -> list[str]:
     options = ["--end-silence-s", str(end_silence_s)]
-    if setting == "release":
-        options += ["--no-speculate"]
-    if setting == "spec_turn":  # today's models; the gateway also starts the reply at a pause
+    if setting == "release":  # no speculation, and the silence rule of its time
+        options += ["--no-speculate", "--endpointing", "silence"]
+    elif setting == "silence":  # the turn ends by end_silence_s alone (before turn_detector)
+        options += ["--endpointing", "silence"]
+    elif setting == "spec_turn":  # today's models; the gateway also starts the reply at a pause
         options += ["--speculate-turn"]
     elif setting == "no_partials":  # today's, without the ASR passes while the user speaks
         options += ["--no-partials"]
@@ -287,7 +292,7 @@ def _gateway_options(setting: str, end_silence_s: float) -> list[str]:
         options += ["--detect-language-s", "0"]
     elif setting == "passes_alongside":  # a pause's pass does not cancel the others
         options += ["--passes-alongside"]
-    elif setting != "today":
+    elif setting not in ("today", "silence"):
         options += ["--model", f"avatar_{setting}"]
     if "asr" in COPIES.get(setting, {}):
         options += ["--asr-model", f"asr_{setting}"]

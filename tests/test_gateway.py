@@ -185,13 +185,24 @@ def _words(text: str) -> list[str]:
     return "".join(c if c.isalnum() or c == "'" else " " for c in text.lower()).split()
 
 
-def test_the_first_pause_shows_the_utterance_before_its_end_is_confirmed(gateway: str) -> None:
+@pytest.fixture(scope="module")
+def silence_gateway(triton_server) -> Iterator[str]:
+    """A gateway whose turns end by silence alone (`--endpointing silence`)."""
+    from gateway.process import running_gateway
+
+    with running_gateway(triton_server.grpc_url, ["--endpointing", "silence"]) as (base, _):
+        yield base
+
+
+def test_the_first_pause_shows_the_utterance_before_its_end_is_confirmed(
+    silence_gateway: str,
+) -> None:
     """At the first 0.2-s pause the page gets the whole question as a caption, while the
     endpointer still waits; the turn's transcript says the same. (A 1.5-s end of speech, so
     that a slow machine's ASR still finishes within it: the caption is sent only then.)"""
     clip = clips()[1]  # "What time does the museum open on Sunday?"
     controls = {"seed": 1, "end_silence_s": 1.5}
-    reply = asyncio.run(converse(_ws(gateway), clip.audio, controls=controls))
+    reply = asyncio.run(converse(_ws(silence_gateway), clip.audio, controls=controls))
     assert not reply.of("error"), reply.of("error")
     at_pause = [m for m in reply.of("partial_transcript") if m["at_pause"]]
     assert len(at_pause) == 1, reply.of("partial_transcript")

@@ -156,10 +156,10 @@ def test_endpointing_counts_questions_cut_at_a_pause() -> None:
 
     # 20 chunks of speech, a 10-chunk (0.32 s) pause, 20 more, then silence
     probs = np.concatenate([np.full(20, 0.9), np.zeros(10), np.full(20, 0.9), np.zeros(40)])
-    early, delay = endpoints(probs, end_silence_s=0.2)
+    early, delay, start = endpoints(probs, end_silence_s=0.2)
     assert early == 1 and delay == pytest.approx(6 * CHUNK_S)  # round(0.2 / 0.032) chunks
-    early, delay = endpoints(probs, end_silence_s=0.5)
-    assert early == 0 and delay == pytest.approx(16 * CHUNK_S)
+    early, delay, start = endpoints(probs, end_silence_s=0.5)
+    assert early == 0 and delay == pytest.approx(16 * CHUNK_S) and start == delay
 
 
 def test_playback_stall_counts_the_waits_for_late_audio() -> None:

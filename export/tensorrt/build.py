@@ -59,6 +59,11 @@ class VadProfile(ShapeProfile):
 
 
 @dataclasses.dataclass(frozen=True)
+class TurnDetectorProfile(ShapeProfile):
+    batch: tuple[int, int, int] = (1, 8, 32)  # config max_batch_size 32
+
+
+@dataclasses.dataclass(frozen=True)
 class RendererProfile(ShapeProfile):
     batch: tuple[int, int, int] = (1, 8, 16)  # config max_batch_size 16, preferred 8 / 16
 
@@ -186,6 +191,15 @@ STAGES: dict[str, Stage] = {
         "fp16",
         {"speech_prob": Tolerance(0.01), "next_*": Tolerance(0.01, 0.01)},
         why="served by ONNX Runtime on CPU in production (see its config); engine on request",
+    ),
+    "turn_detector": Stage(
+        "export.tensorrt.build:TurnDetectorProfile",
+        ("fp16",),
+        "fp16",
+        {"probability": Tolerance(0.05)},
+        inputs={"input_features": _uniform(-1.0, 1.5)},  # the log-mel's range
+        why="the graph is its authors' INT8 Q/DQ: those layers run INT8 (explicit "
+        "quantisation), the rest FP16; no other precision to choose",
     ),
 }
 

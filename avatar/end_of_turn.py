@@ -1,0 +1,156 @@
+"""End of turn by meaning and prosody (Triton-free): the `turn_detector` model's input, and
+the endpointing strategy that asks it at a short pause.
+
+The served model is Smart Turn v3.2 (export/turn_detector/recipe.py): a Whisper-tiny-sized
+encoder over the Whisper log-mel of the LAST 8 s of 16-kHz audio (zero-padded in front),
+waveform normalised to zero mean and unit variance first, as its authors' feature extractor
+(transformers' `WhisperFeatureExtractor(chunk_length=8, do_normalize=True)`) computes it;
+it answers the probability that the speaker has finished their turn.
+
+`ModelEndpointer` is one `avatar.vad.TurnEndStrategy` among others: at short silences
+inside speech it asks the model (`AskTurnModel`, which the gateway sends to `turn_detector`);
+a "complete" answer ends the turn at once, an "incomplete" one lets the speaker pause
+longer than the silence rule would ("I would like to ... extend my stay" is protected).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from avatar.asr.features import log_mel
+from avatar.vad import CHUNK_S, AskTurnModel, Endpointer, EndpointEvent, TooShort, Utterance
+
+SAMPLE_RATE = 16_000
+WINDOW_S = 8  # the model hears the last 8 s
+WINDOW = WINDOW_S * SAMPLE_RATE
+N_MELS = 80
+FRAMES = WINDOW // 160  # 800 mel frames
+FEATURES_SHAPE = (N_MELS, FRAMES)
+_NORM_EPS = 1e-7  # the reference extractor's variance floor
+
+
+def turn_features(audio: np.ndarray) -> np.ndarray:
+    """[80, 800] float32 model input from 16-kHz mono `audio` (any length): its last 8 s,
+    zero-padded in front, normalised, then the project's Whisper log-mel
+    (avatar/asr/features.py: the same filters, window and scaling as Whisper's)."""
+    audio = np.asarray(audio, np.float32).reshape(-1)[-WINDOW:]
+    window = np.zeros(WINDOW, np.float32)
+    if len(audio):
+        window[-len(audio) :] = audio
+    # in float32 over the padded window, as the reference normalises its padded buffer
+    window = (window - window.mean()) / np.sqrt(window.var() + _NORM_EPS)
+    return log_mel(window, N_MELS, padding=0)
+
+
+def batch_features(utterances: list[np.ndarray]) -> np.ndarray:
+    """[n, 80, 800]: the model's batch for several utterances."""
+    return (
+        np.stack([turn_features(u) for u in utterances])
+        if utterances
+        else np.zeros((0, *FEATURES_SHAPE), np.float32)
+    )
+
+
+# Words a finished turn does not end on ("Can you tell me where the.", "I would like to."),
+# though Whisper may write a period after them. Not prepositions, pronouns or auxiliaries:
+# "Where are you from?", "What is it?", "Yes, I do." end on them.
+DANGLING = frozenset({
+    "a", "an", "the", "and", "or", "but", "because", "my", "your", "our", "their", "its",
+    "to", "um", "uh", "er", "hmm", "very",
+})  # fmt: skip
+_ENDS = (".", "?", "!", "。", "？", "！")
+_UNFINISHED = ("...", "…", "-", "—", ",", "，")
+
+
+def text_complete(text: str) -> bool | None:
+    """Whether a transcript reads as a finished turn: it ends with a sentence's end mark
+    and not on a word that needs more ("...", "ill-sp-", "where the."). None: no text."""
+    text = text.strip()
+    if not text:
+        return None
+    if text.endswith(_UNFINISHED) or not text.endswith(_ENDS):
+        return False
+    words = text.rstrip("".join(_ENDS)).split()
+    last = words[-1].strip("\"'()[]").lower() if words else ""
+    return last not in DANGLING
+
+
+# Chosen with `python -m perf endpointing` (docs/performance.md section 18).
+ASK_AT_S = (0.2, 0.6)  # silences at which the model is asked
+COMPLETE_AT = 0.5
+INCOMPLETE_SILENCE_S = 1.4  # an unfinished thought may pause this long
+
+
+class ModelEndpointer(Endpointer):
+    """Silence endpointing that an end-of-turn model cuts short. Inside speech, at each
+    silence of `ask_at_s` it asks (`AskTurnModel`); `decide(p, pause)` with p >=
+    `complete_at` ends the turn now. Until the model says "complete", the utterance ends
+    after `incomplete_silence_s` of silence once it said "incomplete", or after
+    `end_silence_s` (the silence rule) while it has not answered (a server without the
+    model, a late answer). Speech that resumes starts over. `pause_s` reports
+    `SpeechPaused` as the silence endpointer does (for the speculative transcript)."""
+
+    def __init__(
+        self,
+        threshold: float = 0.5,
+        end_silence_s: float = 0.7,
+        min_speech_s: float = 0.25,
+        pre_roll_s: float = 0.3,
+        max_utterance_s: float = 30.0,
+        *,
+        pause_s: float | None = None,
+        ask_at_s: tuple[float, ...] = ASK_AT_S,
+        complete_at: float = COMPLETE_AT,
+        incomplete_silence_s: float = INCOMPLETE_SILENCE_S,
+    ):
+        if not ask_at_s:
+            raise ValueError("ask_at_s: at least one silence to ask the model at")
+        if not 0.0 < complete_at < 1.0:
+            raise ValueError(f"complete_at must be in (0, 1), got {complete_at}")
+        super().__init__(
+            threshold, end_silence_s, min_speech_s, pre_roll_s, max_utterance_s, pause_s=pause_s
+        )
+        self.complete_at = complete_at
+        self.ask_at = sorted({max(1, round(s / CHUNK_S)) for s in ask_at_s})
+        self.fallback_silence = self.detector.min_silence  # no answer yet: the silence rule
+        self.incomplete_silence = max(1, round(incomplete_silence_s / CHUNK_S))
+        self.pauses = 0  # pauses asked about: an answer names the one it is about
+        self.asking = False  # in a pause the model was asked about
+        self.answers: list[float] = []  # the model's answers in this pause
+
+    def set_end_silence(self, seconds: float) -> None:
+        super().set_end_silence(seconds)
+        self.fallback_silence = self.detector.min_silence
+
+    def _pause_or_resume(self) -> list[EndpointEvent]:
+        events = super()._pause_or_resume()
+        silent = self.detector.silent
+        if silent == 0 and self.asking:  # speech resumed: the silence rule until asked again
+            self.asking, self.answers = False, []
+            self.detector.min_silence = self.fallback_silence
+        elif silent in self.ask_at:
+            if not self.asking:
+                self.asking, self.pauses = True, self.pauses + 1
+            events.append(AskTurnModel(np.concatenate(self.chunks), self.pauses))
+        return events
+
+    def decide(
+        self, probability: float, pause: int, text: str | None = None
+    ) -> list[EndpointEvent]:
+        """The model's answer about pause number `pause` (and, when there is one, the
+        transcript of the utterance at that pause) -> [Utterance] when the turn is complete
+        by both and the speaker is still silent in that pause, else [] (an answer about an
+        earlier pause is ignored)."""
+        detector = self.detector
+        if pause != self.pauses or not self.asking or detector.start is None:
+            return []  # speech resumed (or the turn already ended) since it was asked
+        self.answers.append(probability)
+        if probability < self.complete_at or text_complete(text or "") is False:
+            detector.min_silence = max(self.incomplete_silence, detector.silent + 1)
+            return []
+        speech = detector.index - detector.silent - detector.start
+        utterance, self.chunks = np.concatenate(self.chunks), []
+        self.paused = self.asking = False
+        detector.start, detector.silent = None, 0
+        detector.min_silence = self.fallback_silence
+        return [Utterance(utterance, "model") if speech >= self.min_speech else TooShort()]

@@ -1,0 +1,174 @@
+"""The end-of-turn model (export/turn_detector, avatar/end_of_turn.py): its features against
+the reference extractor, the endpointing strategy that asks it, and the model served by a
+real tritonserver and used by the live gateway."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from avatar.end_of_turn import (
+    FEATURES_SHAPE,
+    ModelEndpointer,
+    text_complete,
+    turn_features,
+)
+from avatar.vad import CHUNK, CHUNK_S, AskTurnModel, SpeechPaused, TooShort, Utterance
+from evals.recordings import human_clips
+
+
+def _reference_features(audio: np.ndarray) -> np.ndarray:
+    """Smart Turn's own input: transformers' WhisperFeatureExtractor with 8-s chunks over
+    the last 8 s, zero-padded in front (pipecat's LocalSmartTurnAnalyzerV3)."""
+    from transformers import WhisperFeatureExtractor
+
+    window = audio[-128_000:]
+    window = np.pad(window, (128_000 - len(window), 0))
+    extractor = WhisperFeatureExtractor(chunk_length=8)
+    return extractor(
+        window,
+        sampling_rate=16_000,
+        padding="max_length",
+        max_length=128_000,
+        truncation=True,
+        do_normalize=True,
+        return_tensors="np",
+    ).input_features[0]
+
+
+@pytest.mark.parametrize("seconds", [0.6, 3.0, 11.0])  # padded, padded, cut to its last 8 s
+def test_features_match_the_reference_extractor(seconds: float) -> None:
+    speech = np.concatenate([c.audio for c in human_clips()[:3]])
+    audio = speech[: round(seconds * 16_000)].astype(np.float32)
+    ours = turn_features(audio)
+    assert ours.shape == FEATURES_SHAPE and ours.dtype == np.float32
+    np.testing.assert_allclose(ours, _reference_features(audio), atol=1e-4)
+
+
+def test_a_transcript_reads_finished_or_not() -> None:
+    finished = ["What time is it?", "Where are you from?", "Yes, I do.", "你好。", "Hi!"]
+    unfinished = ["Can you tell me where the", "I would like...", "He was not an ill-sp-",
+                  "I want to go to the.", "So, um.", "What time does"]  # fmt: skip
+    assert all(text_complete(t) for t in finished)
+    assert not any(text_complete(t) for t in unfinished)
+    assert text_complete("  ") is None
+
+
+def _speak(endpointer: ModelEndpointer, probs: list[float]) -> list[tuple[int, object]]:
+    """(chunk index, event) of every event the chunks give."""
+    events = []
+    for index, prob in enumerate(probs):
+        chunk = np.full(CHUNK, prob, np.float32)
+        events += [(index, e) for e in endpointer.step(chunk, prob)]
+    return events
+
+
+SPEECH = [0.0] * 5 + [0.9] * 30
+ASKS = [round(0.2 / CHUNK_S), round(0.6 / CHUNK_S)]  # 6, 19 chunks of silence
+
+
+def test_the_model_is_asked_at_short_pauses_and_a_complete_turn_ends_at_once() -> None:
+    endpointer = ModelEndpointer(pause_s=0.2)
+    events = _speak(endpointer, SPEECH + [0.0] * ASKS[0])
+    kinds = [type(e).__name__ for _, e in events]
+    assert kinds == ["SpeechStarted", "SpeechPaused", "AskTurnModel"]
+    ask = events[-1][1]
+    assert isinstance(ask, AskTurnModel) and ask.pause == 1
+    assert len(ask.audio) == len(endpointer.audio())  # the utterance so far, its silence too
+    (ended,) = endpointer.decide(0.9, ask.pause, "What time is it?")
+    assert isinstance(ended, Utterance) and ended.ended_by == "model"
+    assert endpointer.heard_s == 0.0  # a new utterance may start
+    assert endpointer.decide(0.9, ask.pause, "What time is it?") == []  # a late second answer
+
+
+def test_an_unfinished_turn_may_pause_longer_and_is_asked_again() -> None:
+    endpointer = ModelEndpointer(incomplete_silence_s=1.4)
+    _speak(endpointer, SPEECH + [0.0] * ASKS[0])
+    assert endpointer.decide(0.95, 1, "Can you tell me where the") == []  # words unfinished
+    events = _speak(endpointer, [0.0] * (ASKS[1] - ASKS[0]))
+    assert [type(e) for _, e in events] == [AskTurnModel]  # asked again at 0.6 s
+    assert endpointer.decide(0.2, 1, "Can you tell me where the") == []  # still unfinished
+    silence = round(1.4 / CHUNK_S) - ASKS[1]
+    events = _speak(endpointer, [0.0] * silence)
+    ended = [e for _, e in events if isinstance(e, Utterance)]
+    assert len(ended) == 1 and ended[0].ended_by == "silence"  # at 1.4 s, not 0.7 s
+    assert [i for i, e in events if isinstance(e, Utterance)] == [silence - 1]
+
+
+def test_without_an_answer_the_silence_rule_ends_the_turn() -> None:
+    endpointer = ModelEndpointer(end_silence_s=0.7)
+    events = _speak(endpointer, SPEECH + [0.0] * round(0.7 / CHUNK_S))
+    assert [type(e).__name__ for _, e in events][-1] == "Utterance"
+    assert events[-1][1].ended_by == "silence"
+
+
+def test_an_answer_about_a_pause_the_speaker_ended_is_ignored() -> None:
+    endpointer = ModelEndpointer()
+    _speak(endpointer, SPEECH + [0.0] * ASKS[0])  # asked about pause 1
+    _speak(endpointer, [0.9] * 10)  # speech resumed
+    assert endpointer.decide(0.99, 1, "Hello.") == []
+    _speak(endpointer, [0.0] * ASKS[0])  # pause 2
+    assert endpointer.decide(0.99, 1, "Hello.") == []  # still about pause 1
+    assert isinstance(endpointer.decide(0.99, 2, "Hello.")[0], Utterance)
+
+
+def test_a_click_that_the_model_calls_complete_is_too_short() -> None:
+    endpointer = ModelEndpointer(min_speech_s=0.25)
+    _speak(endpointer, [0.0] * 5 + [0.9] * 3 + [0.0] * ASKS[0])
+    assert [type(e) for e in endpointer.decide(0.99, 1, None)] == [TooShort]
+
+
+def test_the_silence_endpointer_never_asks() -> None:
+    from avatar.vad import Endpointer
+
+    endpointer = Endpointer(pause_s=0.2)
+    events = [e for p in SPEECH + [0.0] * 30 for e in endpointer.step(np.zeros(CHUNK), p)]
+    assert not any(isinstance(e, AskTurnModel) for e in events)
+    assert any(isinstance(e, SpeechPaused) for e in events)
+    assert endpointer.decide(0.99, 1, "Hello.") == []
+
+
+# ---------------------------------------------------------------- the served model
+
+
+def test_the_served_model_answers_as_its_export_in_batches(triton_server) -> None:
+    import tritonclient.grpc as grpcclient
+
+    from export.common import onnx_session
+    from export.registry import ensure_all
+
+    clips = human_clips()[:3]
+    features = np.stack([turn_features(c.audio) for c in clips])
+    session = onnx_session(ensure_all(["turn_detector"])["turn_detector"] / "model.onnx")
+    expected = session.run(["probability"], {"input_features": features})[0]
+    with grpcclient.InferenceServerClient(triton_server.grpc_url) as client:
+        assert client.is_model_ready("turn_detector")
+        tensor = grpcclient.InferInput("input_features", list(features.shape), "FP32")
+        tensor.set_data_from_numpy(features)
+        result = client.infer("turn_detector", [tensor])
+        got = result.as_numpy("probability")
+        assert got.shape == (3, 1) and np.all((got >= 0) & (got <= 1))
+        np.testing.assert_allclose(got, expected, atol=1e-5)
+        wrong = grpcclient.InferInput("input_features", [1, 80, 400], "FP32")  # 4 s of frames
+        wrong.set_data_from_numpy(np.zeros((1, 80, 400), np.float32))
+        with pytest.raises(Exception, match="800"):
+            client.infer("turn_detector", [wrong])
+        assert client.is_model_ready("turn_detector")  # and it serves on
+
+
+def test_the_gateway_ends_a_finished_question_by_the_model(gateway: str) -> None:
+    """A clear question with the silence rule at its longest (2 s): the model (asked at
+    0.2 s) and the transcript end it long before that."""
+    from clients.live import converse
+    from evals.clips import clips
+
+    clip = clips()[1]  # "What time does the museum open on Sunday?"
+    url = gateway.replace("http://", "ws://") + "/ws"
+    reply = asyncio.run(converse(url, clip.audio, controls={"seed": 1, "end_silence_s": 2.0}))
+    assert not reply.of("error"), reply.of("error")
+    (end,) = [m for m in reply.of("speech_end") if m["utterance_s"] > 0]
+    assert end["ended_by"] == "model"
+    spoken_s = len(clip.audio) / 16_000
+    assert end["utterance_s"] < spoken_s + 1.5  # pre-roll and silence: well under 2 s

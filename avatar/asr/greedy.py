@@ -81,6 +81,12 @@ class DecodeOptions:
     # included (the human recordings and the packaged voice's questions). None: no cap.
     max_tokens_per_second: float | None = 10.0
     max_initial_timestamp_index: int | None = 50  # 1.0 s
+    # 0: greedy (argmax). Above 0: sample from softmax(logits / temperature), as Whisper's
+    # fallback re-decodes a degenerate window (avatar.asr.transcribe.Fallback); each row
+    # draws from its own generator seeded with `seed`, so a row's tokens do not depend on
+    # the other rows of its batch and a run repeats exactly.
+    temperature: float = 0.0
+    seed: int = 0
 
 
 @dataclasses.dataclass
@@ -129,6 +135,16 @@ def greedy_decode(
         )
     finally:
         decoding.close()
+
+
+def _sample(
+    masked: np.ndarray, options: DecodeOptions, samplers: Sequence[np.random.Generator]
+) -> np.ndarray:
+    """One token per row drawn from softmax(masked / temperature) by the Gumbel-max trick
+    (argmax of the scaled logits plus Gumbel noise): masked (-inf) tokens are never drawn."""
+    scaled = masked.astype(np.float64) / options.temperature
+    noise = np.stack([-np.log(-np.log(rng.random(scaled.shape[-1]))) for rng in samplers])
+    return (scaled + noise).argmax(-1)
 
 
 def speech_token_limit(options: DecodeOptions, seconds: float) -> int:
@@ -188,6 +204,9 @@ def _decode(
 
     n_forced = len(forced[0])
     sampled: list[list[int]] = forced  # the prefix counts as sampled for the rules
+    samplers = None
+    if options.temperature > 0:
+        samplers = [np.random.default_rng(options.seed) for _ in range(batch)]
     sum_logprob = np.zeros(batch)
     for step in range(options.max_new_tokens - n_forced):
         if done.all():
@@ -202,7 +221,7 @@ def _decode(
             max_timestamp_index=mel_shape[2] // FRAMES_PER_TIMESTAMP,
         )
         logprobs = log_softmax(masked)
-        next_tokens = masked.argmax(-1)
+        next_tokens = masked.argmax(-1) if samplers is None else _sample(masked, options, samplers)
         for k in range(batch):
             if done[k]:
                 continue

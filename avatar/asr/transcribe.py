@@ -4,23 +4,57 @@ decoded in lockstep.
 
 Long audio is never truncated: after each window, decoding resumes at the last complete
 timestamp (or the window's end), exactly like faster-whisper's `generate_segments`.
+
+A window whose greedy transcript is degenerate (a loop, `avatar.asr.degenerate`) is decoded
+again, as openai/whisper's temperature fallback does (`Fallback`); greedy is always the first
+try, so a transcript that is not degenerate is the greedy one.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from avatar.asr.degenerate import Thresholds, degeneracy
 from avatar.asr.features import N_FRAMES, SAMPLE_RATE, SECONDS_PER_POSITION, log_mel, pad_or_trim
-from avatar.asr.greedy import DecodeOptions, WhisperRuntime, greedy_decode, speech_token_limit
+from avatar.asr.greedy import (
+    DecodeOptions,
+    WhisperRuntime,
+    WindowResult,
+    greedy_decode,
+    speech_token_limit,
+)
 from avatar.asr.vocab import WhisperVocab
 from avatar.errors import RequestError
 
+log = logging.getLogger(__name__)
+
 FRAME_SECONDS = 1.0 / 100  # one mel frame
 SUPPORTED_RATES = (8_000, 11_025, 16_000, 22_050, 24_000, 32_000, 44_100, 48_000)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fallback:
+    """Re-decoding the windows whose transcript is degenerate (`avatar.asr.degenerate`).
+
+    One extra decode per temperature at most, in order, stopping at the first transcript
+    that is not degenerate; when every one is, the greedy transcript stays (bounded by
+    its token limit). The retries pad the window with `extra_margin` more frames of
+    silence (windows cut close to the last word make Whisper repeat itself) and keep its
+    prefix (the `asr` model's contract: a transcript starts with the prefix it was given).
+    A retry that would decode exactly what greedy decoded (temperature 0, no longer
+    window) is skipped. Sampling is seeded (`seed`, `seed + 1`, ... per retry), so a
+    transcript is reproducible."""
+
+    # openai/whisper's ladder is 0.2, 0.4, ... 1.0; two rungs keep the cost at two decodes
+    temperatures: tuple[float, ...] = (0.0, 0.2)
+    extra_margin: int = 300  # mel frames (3 s): the asr model's own window_margin again
+    seed: int = 0
+    thresholds: Thresholds = dataclasses.field(default_factory=Thresholds)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +70,7 @@ class AsrOptions:
     # windows cut close to the last word make it repeat itself (python -m perf asr-windows).
     window_step: int | None = None
     window_margin: int = 0
+    fallback: Fallback | None = dataclasses.field(default_factory=Fallback)  # None: greedy only
 
 
 @dataclasses.dataclass
@@ -167,20 +202,12 @@ def transcribe(
             state.cancelled = cancelled[i]
         states.append(state)
     while active := [s for s in states if s.seek < s.content_frames and not _gave_up(s)]:
-        sizes = [min(N_FRAMES, s.content_frames - s.seek) for s in active]
+        windows = [_Window(s, min(N_FRAMES, s.content_frames - s.seek), options) for s in active]
+        sizes = [w.size for w in windows]
         frames = max(window_frames(n, options.window_step, options.window_margin) for n in sizes)
-        mel = np.stack(
-            [
-                pad_or_trim(s.mel[:, s.seek : s.seek + n], frames)
-                for s, n in zip(active, sizes, strict=True)
-            ]
-        )
-        keys = [(s.language, s.prefix if s.seek == 0 else []) for s in active]
-        limits = [speech_token_limit(options.decode, n * FRAME_SECONDS) for n in sizes]
-        checks = [s.cancelled for s in active]
-        results = _decode_rows(
-            runtime, vocab, mel, keys, options.decode, limits=limits, cancelled=checks
-        )
+        results = _decode_windows(runtime, vocab, windows, frames, options.decode)
+        if options.fallback is not None:
+            results = _fall_back(runtime, vocab, windows, results, options, frames=frames)
         for state, size, result in zip(active, sizes, results, strict=True):
             if result.cancelled:
                 state.dropped = True
@@ -217,6 +244,101 @@ def transcribe(
         )
         for s in states
     ]
+
+
+class _Window:
+    """One audio's next window in a lockstep batch: `size` frames of content at its seek."""
+
+    def __init__(self, state: _State, size: int, options: AsrOptions):
+        self.state, self.size = state, size
+        self.prefix = state.prefix if state.seek == 0 else []
+        self.limit = speech_token_limit(options.decode, size * FRAME_SECONDS)
+
+    def mel(self, frames: int) -> np.ndarray:
+        """[n_mels, frames]: the window's content, padded."""
+        return pad_or_trim(self.state.mel[:, self.state.seek : self.state.seek + self.size], frames)
+
+
+def _decode_windows(
+    runtime: WhisperRuntime,
+    vocab: WhisperVocab,
+    windows: Sequence[_Window],
+    frames: int,
+    decode: DecodeOptions,
+) -> list[WindowResult]:
+    """Decode the windows, each padded to `frames`."""
+    mel = np.stack([w.mel(frames) for w in windows])
+    keys = [(w.state.language, w.prefix) for w in windows]
+    limits = [w.limit for w in windows]
+    checks = [w.state.cancelled for w in windows]
+    return _decode_rows(runtime, vocab, mel, keys, decode, limits=limits, cancelled=checks)
+
+
+def window_degeneracy(
+    result: WindowResult, vocab: WhisperVocab, limit: int, thresholds: Thresholds
+) -> str | None:
+    """Why a decoded window's transcript is degenerate (None: it is not, or it was
+    cancelled); `limit`: the most tokens the window could decode."""
+    if result.cancelled:
+        return None
+    return degeneracy(
+        vocab.decode(result.tokens),
+        [t for t in result.tokens if t < vocab.eot],
+        result.avg_logprob,
+        hit_limit=len(result.tokens) >= limit,
+        thresholds=thresholds,
+    )
+
+
+def _fall_back(
+    runtime: WhisperRuntime,
+    vocab: WhisperVocab,
+    windows: Sequence[_Window],
+    results: Sequence[WindowResult],
+    options: AsrOptions,
+    *,
+    frames: int,
+) -> list[WindowResult]:
+    """`results` with each degenerate window decoded again (`Fallback`); frames: the
+    greedy pass's window."""
+    fallback = options.fallback
+    assert fallback is not None, "a fallback to run"
+    kept = list(results)
+    pending: dict[int, str] = {}  # row -> why its transcript so far is degenerate
+    for i, (window, result) in enumerate(zip(windows, kept, strict=True)):
+        if why := window_degeneracy(result, vocab, window.limit, fallback.thresholds):
+            pending[i] = why
+    margin = options.window_margin + fallback.extra_margin
+    for retry, temperature in enumerate(fallback.temperatures):
+        if not pending:
+            break
+        longer = max(
+            frames, *(window_frames(windows[i].size, options.window_step, margin) for i in pending)
+        )
+        if temperature == 0 and longer == frames:
+            continue  # it would decode what greedy did
+        rows = list(pending)
+        decode = dataclasses.replace(
+            options.decode, temperature=temperature, seed=fallback.seed + retry
+        )
+        retried = _decode_windows(runtime, vocab, [windows[i] for i in rows], longer, decode)
+        for i, result in zip(rows, retried, strict=True):
+            why = window_degeneracy(result, vocab, windows[i].limit, fallback.thresholds)
+            log.info(
+                "asr fallback: window at %.2f s was degenerate (%s): %r; temperature %g, "
+                "%d frames: %r%s",
+                windows[i].state.seek * FRAME_SECONDS,
+                pending[i],
+                vocab.decode(kept[i].tokens),
+                temperature,
+                longer,
+                vocab.decode(result.tokens),
+                f" (still degenerate: {why})" if why else "",
+            )
+            if why is None:  # not degenerate, or its caller gave up
+                kept[i] = result
+                del pending[i]
+    return kept
 
 
 def _gave_up(state: _State) -> bool:

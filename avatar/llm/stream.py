@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from avatar.sentences import clause_end, sentence_end
+from avatar.sentences import clause_end, sentence_end, spoken_text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,13 +66,29 @@ class TextStream:
     UTF-8 sequence, so each step costs O(1) instead of re-decoding the whole reply. Text is
     held back while it ends in a prefix of a stop string (or U+FFFD); a stop string ends the
     stream and is not shown.
+
+    max_sentences > 0 is the reply's sentence budget, enforced here rather than asked of
+    the model (a persona's "one to three sentences" is often ignored): once that many
+    sentences with something to say are complete, the stream stops as at a stop string
+    (the scheduler ends the generation) and nothing after them is shown, so the session
+    remembers only those. Sentences are cut by `avatar.sentences.sentence_end`, as the
+    SentenceSplitter cuts them; a piece with nothing to speak ("(laughs)", an emoji) does
+    not count.
     """
 
-    def __init__(self, step: Callable[[int], str | None], stop: Sequence[str] = ()):
+    def __init__(
+        self,
+        step: Callable[[int], str | None],
+        stop: Sequence[str] = (),
+        max_sentences: int = 0,
+    ):
         self._step, self._stop = step, tuple(stop)
         self._text = ""
         self._shown = 0
         self._longest_stop = max((len(s) for s in self._stop), default=0)
+        self.max_sentences = max_sentences
+        self._sentence_start = 0  # where the sentence being written starts in _text
+        self.sentences = 0  # complete sentences with something to say
         self.stopped = False
 
     def push(self, token: int) -> str:
@@ -86,6 +102,10 @@ class TextStream:
             if at >= 0:
                 self.stopped = True
                 return self._emit(text[:at])
+        budget_end = self._budget_end()
+        if budget_end is not None:
+            self.stopped = True
+            return self._emit(text[:budget_end])
         safe = len(text)
         if text.endswith("\ufffd"):
             safe = len(text.rstrip("\ufffd"))
@@ -101,6 +121,19 @@ class TextStream:
         if self.stopped:
             return ""
         return self._emit(self._text.rstrip("\ufffd"))
+
+    def _budget_end(self) -> int | None:
+        """Where the last sentence of the budget ends in the text, once it is complete."""
+        if self.max_sentences <= 0:
+            return None
+        while (cut := sentence_end(self._text[self._sentence_start :])) is not None:
+            sentence = self._text[self._sentence_start : self._sentence_start + cut]
+            self._sentence_start += cut
+            if spoken_text(sentence):
+                self.sentences += 1
+                if self.sentences >= self.max_sentences:
+                    return len(self._text[: self._sentence_start].rstrip())
+        return None
 
     def _emit(self, text: str) -> str:
         delta = text[self._shown :] if len(text) > self._shown else ""

@@ -4,6 +4,13 @@ The LLM runs in a producer thread that queues each finished sentence; the callin
 takes sentences from the queue and sends each through TTS, animation and rendering while
 the LLM writes the next one. `cancelled()` (client gone or a newer turn on the session)
 is checked between every step and stops both threads.
+
+The reply is what a person listens to: each piece loses stage directions, emoji and markup
+(`avatar.sentences.spoken_text`) before TTS and the caption, and the reply ends after
+`PipelineConfig.max_sentences` sentences: the turn stops the LLM's generation there the
+way a barge-in does (`Stages.cut`), so the session remembers only those sentences, whatever
+backend writes them and whatever the model was asked. The face's emotion holds across
+sentences and turns (`avatar.animation.emotion_hold`), per session in `Stages.moods`.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from avatar.animation.emotion_hold import DEFAULT_HOLD, HoldConfig, Mood, Moods, hold
 from avatar.animation.pipeline import Animation, animate
 from avatar.pipeline.events import (
     FinalEvent,
@@ -28,6 +36,7 @@ from avatar.pipeline.events import (
     TurnEvent,
 )
 from avatar.pipeline.request import AUTO_EMOTION, Controls, TurnRequest
+from avatar.sentences import ends_sentence, spoken_text
 
 log = logging.getLogger(__name__)
 
@@ -64,12 +73,18 @@ class Stages:
     # reply sentence -> (emotion label, confidence 0..1), for the "auto" emotion control
     feel: Callable[[str], tuple[str, float]] | None = None
     cut: Callable[[TurnRequest, str], None] | None = None
+    # the emotion each session's face last showed (hysteresis across turns); kept by this
+    # process, bounded: a session served by another replica starts neutral
+    moods: Moods = dataclasses.field(default_factory=Moods)
 
 
 @dataclasses.dataclass(frozen=True)
 class PipelineConfig:
     llm_timeout_s: float = 30.0  # longest wait for the LLM's next sentence
     fallback_reply: str = "Sorry, I need a moment. Could you say that again?"
+    # the reply's sentence budget (0: none); a persona may set another
+    max_sentences: int = 3
+    hold: HoldConfig = DEFAULT_HOLD  # when the face's emotion may change
 
 
 @dataclasses.dataclass
@@ -114,20 +129,31 @@ class _Turn:
     stages: Stages
     timings: _Timings
     errors: list[str]
+    hold: HoldConfig = DEFAULT_HOLD
+    mood: Mood = dataclasses.field(
+        default_factory=Mood
+    )  # what the face shows now (updated per sentence)
 
 
 class _LlmProducer(threading.Thread):
-    """Runs `chat` and queues sentences; ends with _DONE (or the exception)."""
+    """Runs `chat` and queues the spoken text of each piece; ends with _DONE (or the
+    exception). After `max_sentences` sentences it stops reading and cuts the generation."""
 
-    def __init__(self, stages: Stages, text: str, request: TurnRequest, stop, timings):
+    def __init__(
+        self, stages: Stages, text: str, request: TurnRequest, stop, timings, *, max_sentences: int
+    ):
         super().__init__(name="avatar-llm", daemon=True)
-        self.stages, self.text, self.request, self.stop = stages, text, request, stop
-        self.timings = timings
+        self.stages, self.text, self.request = stages, text, request
+        self.timings, self.max_sentences = timings, max_sentences
+        self.full = False  # the budget is spent: read no more, the generation was cut
+        self.stop = lambda: self.full or stop()
         self.sentences: queue.Queue = queue.Queue()
         self.stats: dict[str, Any] = {}
+        self.errors: list[str] = []
 
     def run(self) -> None:
         started = time.perf_counter()
+        queued: list[str] = []
         try:
             stream = self.stages.chat(self.text, self.request, self.stop)
             while True:
@@ -138,13 +164,27 @@ class _LlmProducer(threading.Thread):
                     break
                 if self.stop():
                     continue  # drained, not closed: the stage's stream ends by itself
+                text = spoken_text(sentence)
+                if not text:  # "(laughs)", "😊": nothing to say, and not a sentence spent
+                    log.debug("skipped a reply piece with nothing to speak: %r", sentence)
+                    continue
                 self.timings.mark("llm_first_sentence")
-                self.sentences.put(sentence)
+                self.sentences.put(text)
+                queued.append(text)
+                if self.max_sentences and sum(map(ends_sentence, queued)) >= self.max_sentences:
+                    self._spend(" ".join(queued))
             self.sentences.put(_DONE)
         except Exception as error:  # reported in the final event by the consumer
             self.sentences.put(error)
         finally:
             self.timings.add("llm", started)
+
+    def _spend(self, reply: str) -> None:
+        """The budget is spent: stop the generation now (not after the queued sentences
+        are spoken) and keep `reply` as the answer; a later barge-in corrects it again."""
+        self.full = True
+        if self.stages.cut is not None:
+            _cut(self.stages, self.request, reply, self.errors)
 
 
 def run_turn(
@@ -166,7 +206,9 @@ def run_turn(
     said: list[str] = []
     transcript = request.text
     reason = ""
-    turn = _Turn(request, stages, timings, errors)
+    turn = _Turn(
+        request, stages, timings, errors, config.hold, stages.moods.get(request.session_id)
+    )
 
     if request.audio is not None:
         started = time.perf_counter()
@@ -180,7 +222,12 @@ def run_turn(
     if transcript and not cancelled():
         settled()
         producer = _LlmProducer(
-            stages, transcript, request, lambda: stop_llm.is_set() or bool(cancelled()), timings
+            stages,
+            transcript,
+            request,
+            lambda: stop_llm.is_set() or bool(cancelled()),
+            timings,
+            max_sentences=config.max_sentences,
         )
         producer.start()
     llm_failed: list[str] = []  # set when the LLM timed out or failed mid-reply
@@ -205,12 +252,14 @@ def run_turn(
                 timings.mark("first_video")
     reason = reason or cancelled()
     stop_llm.set()
+    stages.moods.put(request.session_id, turn.mood)
     # a cancelled turn, or an LLM that timed out or failed: stop its generation and keep
     # in the session only what was spoken (e.g. the fallback reply)
     if (reason or llm_failed) and producer is not None and stages.cut is not None:
         _cut(stages, request, " ".join(said), errors)
     if producer is not None:
         producer.join(timeout=1.0)  # a drained stream may run on
+        errors.extend(producer.errors)
         if producer.stats:
             memory_error = producer.stats.pop("memory_error", "")
             if memory_error:  # answered, but this turn may be forgotten
@@ -309,7 +358,7 @@ def _animated(text: str, index: int, position: float, speech: Speech, turn: _Tur
     frames = round(samples * controls.fps / speech.sample_rate)
     started = time.perf_counter()
     try:
-        controls = sentence_emotion(text, controls, stages.feel)
+        controls, turn.mood = held_emotion(text, controls, stages.feel, turn.mood, turn.hold)
     except Exception as error:  # the face goes neutral; audio and animation still go
         turn.errors.append(f"emotion: {error}")
         controls = sentence_emotion(text, controls, None)
@@ -362,6 +411,28 @@ def sentence_emotion(
         return dataclasses.replace(controls, emotion="neutral", intensity=0.0)
     label, confidence = feel(text)
     return dataclasses.replace(controls, emotion=label, intensity=controls.intensity * confidence)
+
+
+def held_emotion(
+    text: str,
+    controls: Controls,
+    feel: Callable[[str], tuple[str, float]] | None,
+    mood: Mood,
+    config: HoldConfig = DEFAULT_HOLD,
+) -> tuple[Controls, Mood]:
+    """`sentence_emotion` with hysteresis: "auto" shows the mood held from the previous
+    sentences (of this turn and the session's earlier ones), changed only as
+    `emotion_hold.hold` allows; returns the controls and the new mood."""
+    if controls.emotion != AUTO_EMOTION:
+        return controls, mood
+    if feel is None or not text.strip():
+        return sentence_emotion(text, controls, None), mood
+    label, confidence = feel(text)
+    mood = hold(mood, label, confidence, config)
+    shown = dataclasses.replace(
+        controls, emotion=mood.label, intensity=controls.intensity * mood.level
+    )
+    return shown, mood
 
 
 def animation_json(animation: Animation, controls: Controls) -> dict[str, Any]:

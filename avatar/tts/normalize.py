@@ -13,7 +13,7 @@ import re
 import unicodedata
 
 from avatar.errors import RequestError
-from avatar.sentences import ABBREVIATIONS
+from avatar.sentences import ABBREVIATIONS, spoken_text
 from avatar.tts import numbers
 
 MAX_CHARS = 20_000  # one request; a longer text should be sent as several requests
@@ -148,6 +148,13 @@ _MONTH_DAY_RE = re.compile(r"\b(" + "|".join(MONTHS) + r")\s+(\d{1,2})(?:st|nd|r
 _TIME_RE = re.compile(r"\b(\d{1,2}):(\d{2})(?:\s*([AaPp])\.?[Mm]\.?)?(?=\W|$)")
 _HOUR_RE = re.compile(r"\b(\d{1,2})\s*([AaPp])[Mm]\b")
 _MONEY_RE = re.compile(r"([$€£])\s?(\d[\d,]*)(?:\.(\d{1,2}))?\b")
+# groups joined by "-", "." or spaces, with a "+" or "(area)" or a "-"/"." in them (a list
+# of plain numbers is not a phone number), or 10+ digits written together
+_PHONE_RE = re.compile(
+    r"(?<![\w.,$€£])(?:\+\d{1,3}[ .-]?|\(\d{2,4}\)[ ]?)?\d{2,4}(?:[.-]\d{2,4}){1,4}(?![\w,]|\.\d)"
+    r"|(?<![\w.,$€£])(?:\+\d{1,3}|\(\d{2,4}\))[ ]?\d{2,4}(?:[ .-]\d{2,4}){1,4}(?![\w,]|\.\d)"
+    r"|(?<![\w.,$€£])\d{10,15}(?![\w,]|\.\d)"
+)
 _PERCENT_RE = re.compile(r"(\d[\d,]*(?:\.\d+)?)\s?%")
 _ORDINAL_RE = re.compile(r"\b(\d+)(st|nd|rd|th)\b", re.IGNORECASE)
 _DECIMAL_RE = re.compile(r"(?<![\d.])(-?)(\d[\d,]*)\.(\d+)\b")
@@ -172,7 +179,8 @@ def _time(match: re.Match) -> str:
     hour, minute, half = int(match[1]), int(match[2]), match[3]
     if hour > 24 or minute > 59:
         return f"{hour} {minute}"
-    suffix = f" {half.upper()} M" if half else ""
+    # "AM" as one word: espeak-ng reads a lone "A" as the article ("uh em")
+    suffix = f" {half.upper()}M" if half else ""
     if minute == 0:
         return f"{numbers.cardinal(hour)}{suffix if half else ' o clock'}"
     spoken = numbers.cardinal(minute) if minute >= 10 else f"oh {numbers.cardinal(minute)}"
@@ -180,14 +188,28 @@ def _time(match: re.Match) -> str:
 
 
 def _money(match: re.Match) -> str:
+    """ "$12.50" -> "twelve dollars fifty" (as people say prices), "$0.75" -> "seventy-five
+    cents", "$3" -> "three dollars"."""
     unit, sub = _CURRENCY[match[1]]
     whole = int(match[2].replace(",", ""))
+    cents = int(match[3].ljust(2, "0")) if match[3] else 0
+    if not whole and cents:
+        return f"{numbers.cardinal(cents)} {_plural(sub, cents)}"
     words = f"{numbers.cardinal(whole)} {_plural(unit, whole)}"
-    if match[3]:
-        cents = int(match[3].ljust(2, "0"))
-        if cents:
-            words += f" {numbers.cardinal(cents)} {_plural(sub, cents)}"
+    if cents:
+        words += f" {numbers.cardinal(cents) if cents >= 10 else 'oh ' + numbers.cardinal(cents)}"
     return words
+
+
+def _phone(match: re.Match) -> str:
+    """Phone-like digit groups, digit by digit with a pause per group:
+    "555-123-4567" -> "five five five, one two three, four five six seven"."""
+    digits = sum(c.isdigit() for c in match[0])
+    if not 7 <= digits <= 15:
+        return match[0]
+    groups = re.findall(r"\d+", match[0])
+    spoken = ", ".join(numbers.digits(g) for g in groups)
+    return ("plus " if match[0].startswith("+") else "") + spoken
 
 
 def _integer(match: re.Match) -> str:
@@ -203,7 +225,9 @@ def _integer(match: re.Match) -> str:
 
 
 def normalize(text: str) -> str:
-    """Spell out numbers, dates, times, money and abbreviations; keep punctuation."""
+    """Spell out numbers, dates, times, money, phone numbers and abbreviations; drop
+    stage directions and markup (`avatar.sentences.spoken_text`); keep punctuation."""
+    text = spoken_text(text)
     for pattern, words in _LATIN_RE.items():
         text = pattern.sub(words, text)
     text = _SAINT_RE.sub("Saint", text)
@@ -212,8 +236,9 @@ def normalize(text: str) -> str:
     text = _ISO_DATE_RE.sub(lambda m: _date(m[1], m[2], m[3]), text)
     text = _US_DATE_RE.sub(lambda m: _date(m[3], m[1], m[2]), text)
     text = _MONTH_DAY_RE.sub(lambda m: f"{m[1]} {numbers.ordinal(int(m[2]))}", text)
+    text = _PHONE_RE.sub(_phone, text)
     text = _TIME_RE.sub(_time, text)
-    text = _HOUR_RE.sub(lambda m: f"{numbers.cardinal(int(m[1]))} {m[2].upper()} M", text)
+    text = _HOUR_RE.sub(lambda m: f"{numbers.cardinal(int(m[1]))} {m[2].upper()}M", text)
     text = _MONEY_RE.sub(_money, text)
     text = _PERCENT_RE.sub(lambda m: f"{m[1]} percent", text)
     text = _ORDINAL_RE.sub(lambda m: numbers.ordinal(int(m[1])), text)

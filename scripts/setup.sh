@@ -4,7 +4,8 @@
 #   scripts/setup.sh          what `make demo` and `make live` need (serve, export, models)
 #   scripts/setup.sh --dev    + the dev extra (ruff, pytest, the deployment validators)
 #   scripts/setup.sh --tests  + the dev extra, Chromium (the live page's browser tests),
-#                             HAProxy and Redis (the load balancer and the conversation store)
+#                             HAProxy and Redis (the load balancer and the conversation store),
+#                             llama.cpp's server (a real OpenAI-compatible LLM endpoint)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -43,6 +44,9 @@ if [ ! -f "$stamp" ]; then
   # MediaPipe's face mesh (the portrait rig) without jax, opencv-contrib and sounddevice,
   # which its face mesh never imports; pyproject's export extra lists what it does import.
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps mediapipe==0.10.21
+  # Smart Turn v3.2's ONNX file (the end-of-turn model, export/turn_detector), without
+  # pipecat's dependencies: only the file is read, no pipecat code runs.
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps pipecat-ai==1.14.0
   rm -f "$VENV"/.installed-*
   touch "$stamp"
 fi
@@ -50,4 +54,23 @@ if [[ "${1:-}" == --dev || "${1:-}" == --tests ]] && [ ! -f "$stamp.dev" ]; then
   echo "setup: installing the dev extra into $VENV"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[serve,export,models,dev]"
   touch "$stamp.dev"
+fi
+# With --tests: llama.cpp's OpenAI-compatible server (the llm-server extra), the real
+# endpoint of tests/test_llm_openai.py. llama-cpp-python builds from source (about 5
+# minutes on 2 cores, with this CPU's instructions): built once into the artifact cache,
+# in a folder keyed by the CPU's flags, and installed from there on every later run.
+if [ "${1:-}" = "--tests" ] && [ ! -f "$stamp.llm-server" ]; then
+  cpu=$(grep -m1 '^flags' /proc/cpuinfo | sha256sum | cut -c1-12)
+  wheels="${AVATAR_CACHE:-$HOME/.cache/triton-avatar}/wheels/llama-cpp-$cpu"
+  if ! ls "$wheels"/llama_cpp_python-0.3.16-*.whl >/dev/null 2>&1; then
+    echo "setup: building llama-cpp-python 0.3.16 once into $wheels (about 5 minutes)"
+    mkdir -p "$wheels"
+    CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) "$VENV/bin/python" -m pip wheel -q \
+      --disable-pip-version-check --no-deps --no-binary llama-cpp-python \
+      llama-cpp-python==0.3.16 -w "$wheels"
+  fi
+  echo "setup: installing the llm-server extra (llama.cpp's server) from $wheels"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --find-links "$wheels" \
+    -e ".[serve,export,models,dev,llm-server]"
+  touch "$stamp.llm-server"
 fi

@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import signal
 import sys
 import tempfile
@@ -33,6 +34,18 @@ def _materialize(args: argparse.Namespace) -> int:
     except RepositoryError as error:  # e.g. production without verified engines
         log.error("%s", error)
         return 1
+    if args.llm_backend:
+        # an LLM served by Triton's own LLM backend, off by default: its config from
+        # model_repository/optional/ (the engine goes in its 1/ on the GPU host)
+        source = PROJECT_ROOT / "model_repository" / "optional" / args.llm_backend
+        shutil.copytree(source, args.out / args.llm_backend, dirs_exist_ok=True)
+        (args.out / args.llm_backend / "1").mkdir(exist_ok=True)
+        log.info(
+            "%s added (its engine goes in %s/1; run the llm model with AVATAR_LLM_BACKEND=%s)",
+            args.llm_backend,
+            args.out / args.llm_backend,
+            args.llm_backend,
+        )
     for m in models:
         log.info("%-14s served as %-8s (declared %s)", m.name, m.platform, m.declared_platform)
     log.info("%s repository written to %s", args.target, args.out)
@@ -48,7 +61,34 @@ def _session_secret() -> str:
     return os.environ.get("AVATAR_SESSION_SECRET") or secrets.token_hex(32)
 
 
+def _llm_environment(args: argparse.Namespace) -> dict[str, str]:
+    """The `llm` model's settings for the server's environment (avatar/llm/settings.py):
+    --llm URL / --llm-model / --persona FILE, checked here so that a typo fails now, not
+    as a model that does not load. The endpoint's key stays in $AVATAR_LLM_API_KEY (or
+    $AVATAR_LLM_API_KEY_FILE), inherited: never argv."""
+    from avatar.llm.openai_api import Endpoint
+    from avatar.llm.persona import PERSONA_FILE_ENV, load_persona
+    from avatar.llm.settings import MODEL_ENV, URL_ENV
+
+    env: dict[str, str] = {}
+    if args.llm:
+        Endpoint(args.llm)  # ValueError: not an http(s) URL
+        env[URL_ENV] = args.llm
+    if args.llm_model:
+        env[MODEL_ENV] = args.llm_model
+    if args.persona:
+        persona = load_persona(args.persona)  # PersonaError: what is wrong with the file
+        log.info("persona %s from %s", persona.name, args.persona)
+        env[PERSONA_FILE_ENV] = str(Path(args.persona).resolve())
+    return env
+
+
 def _serve(args: argparse.Namespace) -> int:
+    try:
+        llm_env = _llm_environment(args)
+    except ValueError as error:
+        log.error("%s", error)
+        return 2
     repo = args.out or DEFAULT_BUILD / "repository-embedded"
     served = [m.name for m in build_repository(repo, "embedded", args.models or None)]
     options = ServerOptions(
@@ -64,6 +104,7 @@ def _serve(args: argparse.Namespace) -> int:
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         heal=args.heal,
+        env=llm_env,
     )
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -174,6 +215,12 @@ def main(argv: list[str] | None = None) -> int:
     mat.add_argument("--target", choices=TARGETS, default="embedded")
     mat.add_argument("--out", type=Path, required=True)
     mat.add_argument("--models", nargs="*", help="default: every model in model_repository/")
+    mat.add_argument(
+        "--llm-backend",
+        choices=("tensorrt_llm",),
+        help="also TensorRT-LLM's tensorrt_llm model for the llm model (production GPU host; "
+        "docs/llm.md)",
+    )
     mat.set_defaults(run=_materialize)
 
     serve = sub.add_parser("serve", help="run the embedded tritonserver (CPU, python backend)")
@@ -216,6 +263,21 @@ def main(argv: list[str] | None = None) -> int:
         help="also the live gateway: the web page and WebSocket protocol on --web-port",
     )
     serve.add_argument("--web-port", type=int, default=8080)
+    serve.add_argument(
+        "--llm",
+        metavar="URL",
+        help="answer with an OpenAI-compatible chat-completions endpoint instead of the "
+        "packaged SmolLM2, e.g. http://127.0.0.1:8080/v1 (key: $AVATAR_LLM_API_KEY or the "
+        "file $AVATAR_LLM_API_KEY_FILE names; docs/llm.md)",
+    )
+    serve.add_argument("--llm-model", default="", help="the endpoint's model name")
+    serve.add_argument(
+        "--persona",
+        type=Path,
+        metavar="FILE",
+        help="who the avatar is: a .toml or .json file with name, role, manner, facts "
+        "(docs/llm.md)",
+    )
     serve.set_defaults(run=_serve)
 
     demo = sub.add_parser("demo", help="start the embedded server and drive it from a client")

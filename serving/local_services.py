@@ -126,3 +126,70 @@ def running_redis(timeout_s: float = 10.0) -> Iterator[str]:
     finally:
         process.kill()
         process.wait()
+
+
+class LlamaServer:
+    """llama.cpp's OpenAI-compatible server (`python -m llama_cpp.server`, from
+    `llama-cpp-python[server]`: scripts/setup.sh --tests installs it) on a GGUF file, on a
+    free loopback port: a real endpoint for the `llm` model's openai backend. The key goes
+    through the environment (its settings read API_KEY), never argv."""
+
+    def __init__(self, model: Path, api_key: str = "", threads: int = 1, context: int = 2048):
+        self.model, self.api_key = Path(model), api_key
+        self.threads, self.context = threads, context
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log_path: Path | None = None
+
+    @staticmethod
+    def installed() -> bool:
+        import importlib.util
+
+        return importlib.util.find_spec("llama_cpp") is not None and all(
+            importlib.util.find_spec(m) is not None for m in ("uvicorn", "sse_starlette")
+        )
+
+    @property
+    def url(self) -> str:
+        """The OpenAI base URL."""
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self, workdir: Path, timeout_s: float = 120.0) -> LlamaServer:
+        import sys
+
+        command = [
+            sys.executable, "-m", "llama_cpp.server", "--model", str(self.model),
+            "--host", "127.0.0.1", "--port", str(self.port), "--n_ctx", str(self.context),
+            "--n_threads", str(self.threads), "--n_threads_batch", str(self.threads),
+        ]  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if k != "API_KEY"}
+        if self.api_key:
+            env["API_KEY"] = self.api_key
+        self.log_path = workdir / f"llama-server-{self.port}.log"
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout_s
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        while True:
+            try:
+                request = urllib.request.Request(f"{self.url}/models", headers=headers)
+                urllib.request.urlopen(request, timeout=2).close()
+                return self
+            except OSError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"llama.cpp server did not start: {self.log_path}") from None
+                time.sleep(0.3)
+
+    def stop(self, kill: bool = False) -> None:
+        """Stop it (SIGKILL with `kill`: a server that dies mid-stream)."""
+        process, self.process = self.process, None
+        if process is None:
+            return
+        if process.poll() is None:
+            process.kill() if kill else process.terminate()
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()

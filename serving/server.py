@@ -24,7 +24,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from avatar.credentials import GRPC_HEADER_PREFIX, KEY_HEADER
@@ -145,6 +145,10 @@ class ServerOptions:
     # the secret of the session tokens (avatar/session_tokens.py) its models make and
     # verify; "" leaves $AVATAR_SESSION_SECRET as it is (none: callers' ids are trusted)
     session_secret: str = ""
+    # more environment for the server and its models (e.g. the llm model's AVATAR_LLM_URL,
+    # AVATAR_PERSONA_FILE: avatar/llm/settings.py); secrets belong in the inherited
+    # environment or a *_FILE, not here, so that no file or argv shows them
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     extra_args: Sequence[str] = ()
 
     def access_args(self) -> list[str]:
@@ -271,6 +275,7 @@ class EmbeddedServer:
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         if self.options.session_secret:
             env[SECRET_ENV] = self.options.session_secret
+        env.update(self.options.env)
         return env
 
     def start(self) -> EmbeddedServer:

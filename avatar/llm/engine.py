@@ -1,5 +1,6 @@
-"""The chat engine: a request (messages JSON, session id, sampling JSON) -> a generation on
-the scheduler, with the persona, session memory and context bound applied.
+"""The chat engine: a request (messages JSON, session id, sampling JSON) -> a reply from the
+chosen backend (avatar/llm/backend.py: the packaged decoder, an OpenAI-compatible endpoint
+or TensorRT-LLM), with the persona, session memory and context bound applied.
 
 A generation submitted with a request id can be stopped by id (`stop`), the way the
 TensorRT-LLM backend's `stop` input works: Triton 2.51's python backend cannot cancel a
@@ -19,13 +20,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from avatar.errors import RequestError, parse_json
+from avatar.llm.backend import DecoderBackend, Reply, ReplyBackend
 from avatar.llm.cache import PrefixCache
 from avatar.llm.decoder import Decoder
-from avatar.llm.sampling import Sampler, SamplingParams
-from avatar.llm.scheduler import Event, Generation, Scheduler
+from avatar.llm.sampling import SamplingParams
+from avatar.llm.scheduler import Event, Scheduler
 from avatar.llm.sequences import KvCacheSequences, SequenceDecoder
 from avatar.llm.session import ConversationStore, MemoryStore, StoreError, bound_context
-from avatar.llm.stream import SentenceSplitter, TextStream
+from avatar.llm.stream import SentenceSplitter
 from avatar.llm.template import MAX_PROMPT_CHARS, Message, parse_messages, with_persona
 from avatar.llm.tokenizer import Tokenizer
 from avatar.session_tokens import SessionTokens, resolve
@@ -39,6 +41,10 @@ DEFAULT_PERSONA = (
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
     persona: str = DEFAULT_PERSONA
+    # an example exchange placed after the persona when a conversation starts (a persona
+    # file's introduction: a small model copies how it introduced itself far more
+    # reliably than it follows "your name is ...", docs/llm.md)
+    introduction: tuple[Message, ...] = ()
     context_tokens: int = 1024  # prompt + reply; older turns are dropped to fit
     max_batch: int = 8
     prefix_cache_entries: int = 16
@@ -62,41 +68,64 @@ class ChatRequest:
 
 
 class ChatEngine:
-    """Thin glue over Tokenizer + ConversationStore + PrefixCache + Scheduler."""
+    """Thin glue over ConversationStore + a ReplyBackend (+ Tokenizer and PrefixCache for
+    the packaged decoder)."""
 
     def __init__(
         self,
-        decoder: SequenceDecoder | Decoder,
-        tokenizer: Tokenizer,
+        decoder: SequenceDecoder | Decoder | ReplyBackend,
+        tokenizer: Tokenizer | None = None,
         config: EngineConfig | None = None,
         *,
         store: ConversationStore | None = None,
         tokens: SessionTokens | None = None,
     ):
-        """`decoder`: a `SequenceDecoder` (e.g. `llm_decoder` through Triton, which keeps the
-        KV caches), or a stateless `Decoder` run in-process with a prefix cache. `store`:
-        where conversations live (default: this process's memory). `tokens`: session ids
-        must be tokens of this secret (avatar/session_tokens.py); None trusts callers' ids."""
+        """`decoder`: a `ReplyBackend` (e.g. an OpenAI-compatible endpoint), or the packaged
+        decoder with its `tokenizer`: a `SequenceDecoder` (e.g. `llm_decoder` through
+        Triton, which keeps the KV caches), or a stateless `Decoder` run in-process with a
+        prefix cache. `store`: where conversations live (default: this process's memory).
+        `tokens`: session ids must be tokens of this secret (avatar/session_tokens.py);
+        None trusts callers' ids."""
         self.config = config or EngineConfig()
-        self.tokenizer = tokenizer
         self.sessions = store if store is not None else MemoryStore(self.config.sessions)
         self.tokens = tokens
         self._lock = threading.Lock()
         # (session id, request id) -> its generations while generating (a client may reuse
         # ids: a stop ends all of them); the most recent finished ones stay in `_recent`,
         # so that a late stop can still correct the session's memory
-        self._running: dict[tuple[str, str], list[tuple[ChatRequest, Generation]]] = {}
+        self._running: dict[tuple[str, str], list[tuple[ChatRequest, Reply]]] = {}
         self._recent: OrderedDict[tuple[str, str], ChatRequest] = OrderedDict()
-        if isinstance(decoder, Decoder):
-            decoder = KvCacheSequences(decoder, PrefixCache(self.config.prefix_cache_entries))
-        self.scheduler = Scheduler(
-            decoder, tokenizer.stop_ids, self.config.max_batch, self.config.context_tokens
-        )
+        if isinstance(decoder, ReplyBackend):
+            self.backend = decoder
+        else:
+            if tokenizer is None:
+                raise ValueError("the packaged decoder needs its tokenizer")
+            if isinstance(decoder, Decoder):
+                decoder = KvCacheSequences(decoder, PrefixCache(self.config.prefix_cache_entries))
+            self.backend = DecoderBackend(
+                decoder, tokenizer, self.config.max_batch, self.config.context_tokens
+            )
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """The decode scheduler of the packaged decoder (AttributeError for other backends)."""
+        if not isinstance(self.backend, DecoderBackend):
+            raise AttributeError(f"the {self.backend.name} backend has no decode scheduler")
+        return self.backend.scheduler
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The packaged decoder's tokenizer (AttributeError for other backends)."""
+        if not isinstance(self.backend, DecoderBackend):
+            raise AttributeError(f"the {self.backend.name} backend has no tokenizer here")
+        return self.backend.tokenizer
 
     @property
     def cache(self) -> PrefixCache | None:
         """The prefix cache, when the decoder runs in this process."""
-        decoder = self.scheduler.decoder
+        if not isinstance(self.backend, DecoderBackend):
+            return None
+        decoder = self.backend.scheduler.decoder
         return decoder.cache if isinstance(decoder, KvCacheSequences) else None
 
     def parse(
@@ -132,6 +161,8 @@ class ChatEngine:
             history = history[1:] if history[0].role == "system" else history
             full = [new[0], *history, *new[1:]]
         else:
+            if not history and self.config.introduction and new[0].role != "system":
+                history = list(self.config.introduction)
             full = with_persona([*history, *new], self.config.persona)
         budget = self.config.context_tokens - sampling.max_tokens
         if budget <= 0:
@@ -143,8 +174,7 @@ class ChatEngine:
         return ChatRequest(full, new, session_id, sampling, token, memory_error)
 
     def count_tokens(self, messages: list[Message]) -> int:
-        tokenizer = self.tokenizer
-        return len(tokenizer.encode_segments(tokenizer.template.render_segments(messages)))
+        return self.backend.count_tokens(messages)
 
     def submit(
         self,
@@ -152,26 +182,23 @@ class ChatEngine:
         emit: Callable[[Event], None],
         is_cancelled: Callable[[], bool] = lambda: False,
         request_id: str = "",
-    ) -> Generation:
+    ) -> Reply:
         """Start generating; `emit` gets the events. The reply joins the session at the end
         (unless a stop request said what was spoken). `request_id` makes it stoppable by
         a stop request naming the same session and id (the `avatar` model makes the ids
         itself, so one client cannot stop or rewrite another's conversation)."""
         key = (request.session_id, request_id)
-        template = self.tokenizer.template
-        prefix, rest = template.split_system_segments(request.messages)
-        prompt = self.tokenizer.encode_segments(prefix) + self.tokenizer.encode_segments(rest)
-        reply: list[str] = []
+        text: list[str] = []
 
         def on_event(event: Event) -> None:
-            reply.extend(c.text for c in event.chunks)
+            text.extend(c.text for c in event.chunks)
             if event.finish_reason is not None:
                 memory_error = request.memory_error
                 with self._lock:
-                    if event.finish_reason in ("stop", "length") and not generation.stopped:
-                        memory_error = self._remember(request, "".join(reply)) or memory_error
+                    if event.finish_reason in ("stop", "length") and not reply.stopped:
+                        memory_error = self._remember(request, "".join(text)) or memory_error
                     if request_id:
-                        self._forget_running(key, generation)
+                        self._forget_running(key, reply)
                         self._recent[key] = request
                         while len(self._recent) > self.config.sessions:
                             self._recent.popitem(last=False)
@@ -183,19 +210,18 @@ class ChatEngine:
                         event.stats["memory_error"] = memory_error
             emit(event)
 
-        generation = Generation(
-            prompt=prompt,
-            sampler=Sampler(request.sampling),
-            stream=TextStream(self.tokenizer.stream_decoder(), request.sampling.stop),
-            emit=on_event,
-            is_cancelled=is_cancelled,
-            splitter=SentenceSplitter(self.config.first_clause_words),
+        reply = Reply(
+            request.messages,
+            request.sampling,
+            on_event,
+            is_cancelled,
+            SentenceSplitter(self.config.first_clause_words),
         )
         if request_id:
             with self._lock:
-                self._running.setdefault(key, []).append((request, generation))
-        self.scheduler.submit(generation)
-        return generation
+                self._running.setdefault(key, []).append((request, reply))
+        self.backend.submit(reply)
+        return reply
 
     def stop(self, request_id: str, spoken: str | None = None, session_id: str = "") -> str:
         """End the generation submitted as `request_id` in `session_id` (it finishes
@@ -212,8 +238,8 @@ class ChatEngine:
         with self._lock:
             running = self._running.get(key)
             if running:
-                for _, generation in running:
-                    generation.stopped = True
+                for _, reply in running:
+                    reply.stopped = True
                 request, outcome = running[-1][0], "stopped"
             elif key in self._recent:
                 request, outcome = self._recent[key], "ended"
@@ -227,8 +253,8 @@ class ChatEngine:
                 self._remember(request, spoken)
         return outcome
 
-    def _forget_running(self, key: tuple[str, str], generation: Generation) -> None:
-        kept = [r for r in self._running.get(key, []) if r[1] is not generation]
+    def _forget_running(self, key: tuple[str, str], reply: Reply) -> None:
+        kept = [r for r in self._running.get(key, []) if r[1] is not reply]
         if kept:
             self._running[key] = kept
         else:
@@ -260,7 +286,7 @@ class ChatEngine:
         n = len(request.messages)
         return history[:n] == request.messages and len(history) <= n + 1
 
-    def warm_up(self, emit: Callable[[Event], None]) -> Generation:
+    def warm_up(self, emit: Callable[[Event], None]) -> Reply:
         """A one-token turn with the persona, so that the decoder's prefix cache holds the
         persona's KV before the first user speaks (every prompt starts with it)."""
         hello = json.dumps([{"role": "user", "content": "Hello!"}])
@@ -271,17 +297,17 @@ class ChatEngine:
         self, messages_json: str, session_id: str = "", sampling_json: str = ""
     ) -> Iterator[Event]:
         """Synchronous helper (tests, benchmarks): yields events until the final one. Runs
-        the scheduler inline unless it was started in a thread."""
+        the backend inline unless it runs on its own threads."""
         events: queue.Queue[Event] = queue.Queue()
         self.submit(self.parse(messages_json, session_id, sampling_json), events.put)
-        threaded = self.scheduler.threaded
+        threaded = self.backend.threaded
         while True:
             if not threaded and events.empty():
-                self.scheduler.step()
+                self.backend.step()
                 continue
             event = events.get()
             if event.finish_reason is not None and not threaded:
-                self.scheduler.run_until_idle()  # the end step: next turns find its cache
+                self.backend.run_until_idle()  # the end step: next turns find its cache
             yield event
             if event.finish_reason is not None:
                 return

@@ -35,6 +35,9 @@ class Tokenizer:
         self.stop_ids = frozenset(vocab[t] for t in STOP_TOKENS if t in vocab)
         pad = _content(config.get("pad_token")) or "<|endoftext|>"
         self.pad_id = vocab.get(pad, 0)
+        # the id that ends a reply (an engine that stops by itself, e.g. TensorRT-LLM's
+        # end_id): the first stop token the vocabulary has, in STOP_TOKENS order
+        self.end_id = next((vocab[t] for t in STOP_TOKENS if t in vocab), self.pad_id)
 
     @property
     def vocab_size(self) -> int:

@@ -1,11 +1,16 @@
 """`llm`: decoupled BLS model, chat messages -> streamed reply (a thin adapter).
 
 All logic is in avatar/llm (unit-tested without a server). This file parses the config,
-wraps `llm_decoder` as an `avatar.llm.sequences.SequenceDecoder` through avatar.triton.bls,
-and maps scheduler events to responses. `execute` returns at once: a background scheduler
-thread runs the decode steps of every active stream together. `llm_decoder` keeps the KV
-caches (sequence batching with implicit state): a step sends each stream's new token as
-one request of its sequence, all at once, and the sequence batcher runs them as a batch.
+builds the chosen backend (avatar/llm/settings.py: the `backend` parameter or
+$AVATAR_LLM_BACKEND / $AVATAR_LLM_URL) and maps its events to responses. `execute` returns
+at once: the backend's threads produce every active stream.
+
+- decoder (default): `llm_decoder` wrapped as an `avatar.llm.sequences.SequenceDecoder`
+  through avatar.triton.bls; a background scheduler thread runs the decode steps of every
+  stream together. `llm_decoder` keeps the KV caches (sequence batching with implicit
+  state): a step sends each stream's new token as one request of its sequence, all at
+  once, and the sequence batcher runs them as a batch.
+- openai: an OpenAI-compatible endpoint (avatar/llm/openai_api.py), one HTTP stream each.
 """
 
 from __future__ import annotations
@@ -22,12 +27,17 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from avatar.errors import RequestError
+from avatar.llm import trtllm
+from avatar.llm.backend import DecoderBackend, ReplyBackend
 from avatar.llm.engine import ChatEngine, EngineConfig
+from avatar.llm.openai_api import EndpointError, OpenAIBackend, list_models
 from avatar.llm.sampling import SamplingParams
 from avatar.llm.scheduler import Event
 from avatar.llm.sequences import SequenceDecoder, Step
 from avatar.llm.session import SESSION_TTL_S, STORE_URL_ENV, MemoryStore, open_store
+from avatar.llm.settings import LlmSettings, llm_settings
 from avatar.llm.tokenizer import Tokenizer
+from avatar.llm.trtllm import TensorRtLlmBackend
 from avatar.session_tokens import SessionTokens
 from avatar.triton import bls
 from avatar.triton.diagnostics import enable_crash_reports
@@ -71,6 +81,23 @@ class TritonSequenceDecoder(SequenceDecoder):
         self._pool.shutdown(wait=False)
 
 
+def _tensorrt_llm(model: str, tokenizer: Tokenizer, max_streams: int) -> TensorRtLlmBackend:
+    """TensorRT-LLM's `tensorrt_llm` model through decoupled BLS calls."""
+
+    def stream(request_id: str, inputs, stop):
+        return bls.stream(
+            model, inputs, trtllm.OUTPUTS, request_id=request_id, stop=stop, idle_timeout_s=60
+        )
+
+    def cancel(request_id: str) -> None:
+        for _ in bls.stream(
+            model, trtllm.stop_tensors(), trtllm.OUTPUTS, request_id=request_id, idle_timeout_s=10
+        ):
+            pass
+
+    return TensorRtLlmBackend(tokenizer, stream, cancel, tokenizer.end_id, max_streams)
+
+
 def _artifact_folder(repository: Path, decoder_model: str) -> Path:
     """The decoder's version folder: the materialiser places the tokenizer, chat template
     and model config beside its graph there."""
@@ -84,33 +111,58 @@ class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         enable_crash_reports("llm")
         params = ModelParameters(json.loads(args["model_config"]))
-        decoder_model = params.str("decoder_model", "llm_decoder")
-        folder = _artifact_folder(Path(args["model_repository"]), decoder_model)
+        settings = llm_settings(params, EngineConfig.persona)
         config = EngineConfig(
-            persona=params.str("persona", EngineConfig.persona),
+            persona=settings.persona,
+            introduction=settings.introduction,
             context_tokens=params.int("context_tokens", EngineConfig.context_tokens),
             max_batch=params.int("max_batch", EngineConfig.max_batch),
             sessions=params.int("sessions", EngineConfig.sessions),
             first_clause_words=params.int("first_clause_words", 0),
             sampling=SamplingParams.from_json(json.loads(params.str("sampling", "{}"))),
         )
-        decoder = TritonSequenceDecoder(decoder_model, config.max_batch)
-        self.decoder = decoder
+        self.decoder: TritonSequenceDecoder | None = None
         store_url = params.str("session_store", "") or os.environ.get(STORE_URL_ENV, "")
         store = open_store(store_url, config.sessions, params.float("session_ttl_s", SESSION_TTL_S))
         tokens = SessionTokens.from_environment()
-        self.engine = ChatEngine(decoder, Tokenizer(folder), config, store=store, tokens=tokens)
+        backend = self._backend(settings, params, config, Path(args["model_repository"]))
+        self.engine = ChatEngine(backend, None, config, store=store, tokens=tokens)
         self.memory_failures = Failures("llm", "session_store")
-        self.engine.scheduler.start()
-        threading.Thread(target=self._warm_up, name="llm-warm-up", daemon=True).start()
+        self.reply_failures = Failures("llm", settings.backend)
+        backend.start()
+        warm_up = self._warm_up if settings.backend == "decoder" else self._check_endpoint
+        threading.Thread(target=warm_up, args=(settings,), name="llm-warm-up", daemon=True).start()
         self.generations, self.sessions = Gauge("llm", "generations"), Gauge("llm", "sessions")
         where = "redis" if store_url else "memory"
         pb_utils.Logger.log_info(
-            f"llm: {folder.name} via {decoder_model}, batch {config.max_batch}, conversations "
-            f"in {where}, session ids {'signed' if tokens else 'as callers send them'}"
+            f"llm: {settings.describe()}, batch {config.max_batch}, persona from "
+            f"{settings.persona_source}, conversations in {where}, session ids "
+            f"{'signed' if tokens else 'as callers send them'}"
         )
 
-    def _warm_up(self, attempts: int = 60) -> None:
+    def _backend(
+        self, settings: LlmSettings, params: ModelParameters, config: EngineConfig, repo: Path
+    ) -> ReplyBackend:
+        if settings.endpoint is not None:
+            return OpenAIBackend(settings.endpoint, config.max_batch)
+        decoder_model = params.str("decoder_model", "llm_decoder")
+        tokenizer = Tokenizer(_artifact_folder(repo, decoder_model))
+        if settings.backend == "tensorrt_llm":
+            return _tensorrt_llm(settings.tensorrt_llm_model, tokenizer, config.max_batch)
+        self.decoder = TritonSequenceDecoder(decoder_model, config.max_batch)
+        return DecoderBackend(self.decoder, tokenizer, config.max_batch, config.context_tokens)
+
+    def _check_endpoint(self, settings: LlmSettings) -> None:
+        """Logs whether the endpoint answers (the model loads either way: the server may
+        come up later; each reply that fails meanwhile gets a clear error)."""
+        assert settings.endpoint is not None
+        try:
+            models = list_models(settings.endpoint)
+            pb_utils.Logger.log_info(f"llm: {settings.endpoint.address} serves {models}")
+        except EndpointError as error:
+            pb_utils.Logger.log_warn(f"llm: the endpoint does not answer yet: {error}")
+
+    def _warm_up(self, _settings: LlmSettings, attempts: int = 60) -> None:
         """Runs the persona once so that the first turn finds its KV cached; retried while
         `llm_decoder` is still loading (models load in no set order)."""
         done: queue.Queue[Event] = queue.Queue()
@@ -169,6 +221,8 @@ class TritonPythonModel:
             finally:
                 if event.finish_reason is not None:
                     self.generations.add(-1)
+                    if event.finish_reason == "error":
+                        self.reply_failures.increment()
                     if isinstance(self.engine.sessions, MemoryStore):
                         self.sessions.set(len(self.engine.sessions))
                     if (event.stats or {}).get("memory_error"):
@@ -177,8 +231,9 @@ class TritonPythonModel:
         return counted
 
     def finalize(self) -> None:
-        self.engine.scheduler.stop()
-        self.decoder.close()
+        self.engine.backend.stop()
+        if self.decoder is not None:
+            self.decoder.close()
         pb_utils.Logger.log_info("llm: finalized")
 
 

@@ -6,7 +6,9 @@ Sources:
   follow the MPEG-4 FBA viseme set (ISO/IEC 14496-2, Annex C): sil, PP, FF, TH, DD, kk,
   CH, SS, nn, RR, aa, E, ih, oh, ou, with their example phonemes.
 - Phonemes: espeak-ng's en-us IPA inventory as `piper_phonemize.phonemize_espeak` returns it
-  (one code point per symbol; stress ˈ ˌ, length ː, syllabic ̩ and tie ͡ marks are separate).
+  (one code point per symbol; stress ˈ ˌ, length ː, syllabic ̩ and tie ͡ marks are separate),
+  and its Mandarin ("cmn", pinyin-derived) inventory after `avatar.tts.mandarin.to_ipa`:
+  tones as Chao tone letters ˥ ˦ ˧ ˨ ˩, retroflexes ʂ ʐ with a combining dot, ɤ, y.
 - Blendshape names: Apple's `ARFaceAnchor.BlendShapeLocation`, in the order of Apple's
   documentation page (left eye, right eye, mouth and jaw, eyebrows, cheeks, nose, tongue).
 - Viseme -> blendshape weights: hand-authored to reproduce the mouth shapes drawn in the
@@ -85,6 +87,23 @@ PHONEME_TO_VISEME: dict[str, str] = {
     "u": "ou", "ʊ": "ou", "w": "ou",
 }  # fmt: skip
 
+# Mandarin (espeak-ng "cmn" after avatar.tts.mandarin.to_ipa): the symbols English lacks.
+# Pinyin b/p/m are p/p/m (closed lips: PP above), u/o round the lips (ou/oh above).
+MANDARIN_TO_VISEME: dict[str, str] = {
+    # h (hǎo) is a velar/uvular fricative: the tongue, not the lips, like k
+    "χ": "kk",
+    # x, sh, r (xī, shì, rì): palatal / retroflex sibilants, lips slightly protruded as in
+    # "she"; ɻ is erhua's r colouring
+    "ɕ": "CH", "ʂ": "CH", "ʐ": "CH", "ʑ": "CH", "ɻ": "RR",
+    # ü (yú, lǜ): a rounded front vowel, lips as for u
+    "y": "ou", "ɥ": "ou",
+    # e (gē): unrounded mid back vowel, lips spread and half open
+    "ɤ": "E",
+    # the apical vowels after z c s / zh ch sh r (zì, shì): spread, nearly closed
+    "ɿ": "ih", "ʅ": "ih",
+}  # fmt: skip
+PHONEME_TO_VISEME.update(MANDARIN_TO_VISEME)
+
 # Symbols with no shape of their own. "next": merged into the following phoneme (stress
 # precedes its vowel); "prev": merged into the preceding one (length, syllabic, tie);
 # "neighbour": takes the shape of the following phoneme (h and the glottal stop are shaped
@@ -94,6 +113,10 @@ MODIFIERS: dict[str, str] = {
     "ː": "prev", "ˑ": "prev", "\u0329": "prev", "\u0361": "prev", "\u0303": "prev",
     "h": "neighbour", "ʔ": "neighbour",
     " ": "boundary",
+    # Mandarin: tones (Chao letters) belong to the syllable before them; the retroflex dot,
+    # the apical (bridge) and retracted marks to the letter before them
+    "˥": "prev", "˦": "prev", "˧": "prev", "˨": "prev", "˩": "prev",
+    "\u0323": "prev", "\u032a": "prev", "\u0320": "prev",
 }  # fmt: skip
 PUNCTUATION: frozenset[str] = frozenset(".,;:!?¡¿—…\"'()-")
 # Piper's utterance begin / end / pad ids (piper-phonemize's ^ $ _): the silence around speech

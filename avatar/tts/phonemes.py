@@ -21,7 +21,8 @@ from avatar.tts.voice import BOS, EOS, PAD, VoiceConfig
 log = logging.getLogger(__name__)
 
 MAX_PHONEMES = 200  # per chunk; ~12 s of speech; ids = 2 * phonemes + 2
-_ESPEAK_LOCK = threading.Lock()  # espeak-ng keeps global state
+# espeak-ng keeps global state (voice, callbacks): every use of the library holds this
+ESPEAK_LOCK = threading.Lock()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +59,7 @@ class Phonemizer:
         """Text -> phonemes (codepoints, with spaces and punctuation) of all its clauses."""
         from piper_phonemize import phonemize_espeak
 
-        with _ESPEAK_LOCK:
+        with ESPEAK_LOCK:
             sentences = phonemize_espeak(text, self.config.espeak_voice)
         out: list[str] = []
         for sentence in sentences:

@@ -11,6 +11,7 @@ from avatar.tts.synth import Controls
 from avatar.tts.voice import VoiceConfig
 
 CONTROL_INPUTS = ("length_scale", "noise_scale", "noise_w", "seed")
+LANGUAGE_INPUT = "language"
 
 
 def _scalar(name: str, array: np.ndarray | None) -> float | int | None:
@@ -46,3 +47,15 @@ def parse_request(
         config, **{name: _scalar(name, arrays.get(name)) for name in CONTROL_INPUTS}
     )
     return text[0], controls
+
+
+def language_of(arrays: Mapping[str, np.ndarray | None]) -> bytes | str | None:
+    """The optional `language` input (BYTES [1], an ISO 639-1 code such as "zh"), raw;
+    `avatar.tts.voices.parse_language` checks it against the voices served."""
+    value = arrays.get(LANGUAGE_INPUT)
+    if value is None:
+        return None
+    value = np.asarray(value, dtype=object).reshape(-1)
+    if value.size != 1:
+        raise RequestError(f"input 'language' has {value.size} strings: expected one")
+    return value[0]

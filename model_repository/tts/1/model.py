@@ -17,10 +17,11 @@ from avatar.triton.diagnostics import enable_crash_reports
 from avatar.triton.metrics import Gauge
 from avatar.triton.params import ModelParameters
 from avatar.tts.normalize import MAX_CHARS
-from avatar.tts.phonemes import MAX_PHONEMES, Phonemizer, prepare
-from avatar.tts.request import CONTROL_INPUTS, parse_request
+from avatar.tts.phonemes import MAX_PHONEMES, Phonemizer
+from avatar.tts.request import CONTROL_INPUTS, LANGUAGE_INPUT, language_of, parse_request
 from avatar.tts.synth import SentenceAudio, Synthesizer
 from avatar.tts.voice import packaged_voice
+from avatar.tts.voices import PiperSpeaker, Voices, parse_voices
 
 VITS_OUTPUTS = ["audio", "audio_lengths", "durations"]
 
@@ -32,18 +33,28 @@ class TritonPythonModel:
         self.vits_model = params.str("vits_model", "tts_vits")
         self.max_chars = params.int("max_chars", MAX_CHARS)
         voice = packaged_voice()
-        phonemizer = Phonemizer(voice.config, params.int("max_phonemes", MAX_PHONEMES))
-        self.synth = Synthesizer(phonemizer, self._infer, pad_to=params.int("pad_to", 64))
+        max_phonemes = params.int("max_phonemes", MAX_PHONEMES)
+        pad_to = params.int("pad_to", 64)
+        phonemizer = Phonemizer(voice.config, max_phonemes)
+        english = Synthesizer(phonemizer, self._infer, pad_to=pad_to)
+        # a voice per language: Piper voices the operator configures (each run by its own
+        # served model), espeak-ng's voice for the other languages of FALLBACK_ESPEAK
+        self.voices = Voices.build(
+            PiperSpeaker("en", english, f"Piper {voice.onnx_path.name} via {self.vits_model}"),
+            parse_voices(params.str("voices", "")),
+            lambda model: lambda inputs: bls.infer(model, inputs, VITS_OUTPUTS),
+            max_phonemes=max_phonemes,
+            pad_to=pad_to,
+            fallback=params.str("espeak_fallback", "true").lower() == "true",
+        )
         self.active = Gauge("tts", "requests")
         # requests are served concurrently, so that tts_vits's dynamic batcher sees
         # sentences of several turns at once (espeak-ng itself runs under a lock)
         self.pool = ThreadPoolExecutor(
             max_workers=params.int("concurrent_requests", 4), thread_name_prefix="tts"
         )
-        pb_utils.Logger.log_info(
-            f"tts: voice {voice.onnx_path.name} ({voice.config.sample_rate} Hz) via "
-            f"{self.vits_model}"
-        )
+        for code, speaker in self.voices.speakers.items():
+            pb_utils.Logger.log_info(f"tts: {code}: {speaker.description}")
 
     def _infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return bls.infer(self.vits_model, inputs, VITS_OUTPUTS)
@@ -71,17 +82,15 @@ class TritonPythonModel:
 
     def _serve(self, request, sender) -> None:
         arrays = {"text": bls.input_array(request, "text")}
-        for name in CONTROL_INPUTS:
+        for name in (*CONTROL_INPUTS, LANGUAGE_INPUT):
             arrays[name] = bls.input_array(request, name, optional=True)
-        text, controls = parse_request(arrays, self.synth.config)
-        prepared = prepare(text, self.synth.phonemizer, self.max_chars)
-        if prepared.cleaned.dropped:
-            pb_utils.Logger.log_info(f"tts: dropped {len(prepared.cleaned.dropped)} characters")
-        for index, chunk in enumerate(prepared.chunks):
+        speaker = self.voices.speaker(language_of(arrays))
+        text, controls = parse_request(arrays, speaker.config)
+        for index, unit in enumerate(speaker.units(text, self.max_chars)):
             if bls.is_cancelled(request):
                 pb_utils.Logger.log_info(f"tts: cancelled after {index} sentences")
                 return
-            (result,) = self.synth.synthesize_chunks([chunk], controls)
+            result = speaker.speak(unit, controls)
             sender.send(_response(result, index, bls.requested_outputs(request)))
 
     def finalize(self) -> None:

@@ -38,7 +38,8 @@ ABBREVIATIONS: dict[str, str] = {
     "a.m": "AM",
     "p.m": "PM",
 }
-_END = re.compile(r"([.!?…]+[\"')\]]*)(\s+)|(\n+)")
+# Chinese and Japanese end marks need no space after them ("你好。请问...")
+_END = re.compile(r"([.!?…]+[\"')\]]*)(\s+)|(\n+)|([。！？]+[”’）」』]*)(\s*)")
 
 
 def sentence_end(text: str) -> int | None:
@@ -50,7 +51,7 @@ def sentence_end(text: str) -> int | None:
     return None
 
 
-_CLAUSE = re.compile(r"[,;:]\s+|\s[—–-]\s+")
+_CLAUSE = re.compile(r"[,;:]\s+|\s[—–-]\s+|[，；：]\s*")
 
 
 def clause_end(text: str, min_words: int) -> int | None:
@@ -65,7 +66,7 @@ def clause_end(text: str, min_words: int) -> int | None:
 
 
 def _is_boundary(text: str, match: re.Match) -> bool:
-    if match.group(3):  # line break
+    if match.group(3) or match.group(4):  # a line break, a full-width end mark
         return True
     before = text[: match.start()].split()
     word = before[-1].lower().rstrip(".") if before else ""
@@ -169,4 +170,4 @@ def spoken_text(text: str) -> str:
 def ends_sentence(piece: str) -> bool:
     """Whether a piece of the LLM stream ends a sentence: False for a first clause cut at
     `,` `;` `:` or a dash (SentenceSplitter's first_clause_words), True otherwise."""
-    return not re.search(r"(?:[,;:]|\s[—–-])\s*$", piece)
+    return not re.search(r"(?:[,;:，；：]|\s[—–-])\s*$", piece)

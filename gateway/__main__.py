@@ -132,6 +132,13 @@ def command_line() -> argparse.ArgumentParser:
         "--no-partials", action="store_true", help="no transcription while the user speaks"
     )
     parser.add_argument(
+        "--partials-max-answering",
+        type=int,
+        default=SessionOptions.partial_max_answering,
+        help="no transcription while the user speaks while more than this many replies are "
+        "being generated in this gateway (-1: no such limit)",
+    )
+    parser.add_argument(
         "--passes-alongside",
         action="store_true",
         help="let the passes while speaking run alongside a pass at a pause (by default that "
@@ -174,6 +181,9 @@ def session_options(args: argparse.Namespace) -> SessionOptions:
         partial_every_s=None if args.no_partials or args.no_speculate else args.partial_every_s,
         detect_language_s=args.detect_language_s,
         pause_first=not args.passes_alongside,
+        partial_max_answering=(
+            None if args.partials_max_answering < 0 else args.partials_max_answering
+        ),
         model=args.model,
         asr_model=args.asr_model,
         max_utterance_s=args.max_utterance_s,

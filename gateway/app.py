@@ -290,7 +290,9 @@ def create_app(
     a client to use instead of connecting to `triton_url` (tests)."""
     app = web.Application(client_max_size=MAX_MESSAGE_BYTES)
     app[OPTIONS] = options = options or SessionOptions()
-    app[PASSES] = PassBudget(options.partial_limit, options.pause_first)
+    app[PASSES] = PassBudget(
+        options.partial_limit, options.pause_first, options.partial_max_answering
+    )
     app[PORTRAIT] = Path(portrait) if portrait is not None else None
     app[EDGE] = edge or Edge.from_environment()
     access = triton_access or TritonAccess()

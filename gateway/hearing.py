@@ -23,7 +23,7 @@ from avatar.vad import CHUNK_S
 from gateway.triton_client import Transcript
 
 if TYPE_CHECKING:
-    from gateway.turns import Turn
+    from gateway.turns import Turn, TurnManager
 
 log = logging.getLogger(__name__)
 
@@ -35,16 +35,33 @@ class PassBudget:
     """ASR passes of all sessions: at most `limit` passes while speaking run at once, so
     that they never take more than that many cores from the turns being answered; with
     `pause_first`, a pass at a pause (which decides when a reply can start) cancels them
-    and none starts while it runs."""
+    and none starts while it runs; with `max_answering`, none starts while more than that
+    many replies are being generated (under load the captions wait: the CPU goes to the
+    replies); `track`/`untrack` a session's turns to count its replies."""
 
-    def __init__(self, limit: int = 1, pause_first: bool = True) -> None:
-        self.limit, self.pause_first = limit, pause_first
+    def __init__(
+        self, limit: int = 1, pause_first: bool = True, max_answering: int | None = None
+    ) -> None:
+        self.limit, self.pause_first, self.max_answering = limit, pause_first, max_answering
         self.speaking: set[asyncio.Task] = set()  # passes while speaking, running
         self.pauses = 0  # passes at a pause, running
+        self.turns: set[TurnManager] = set()  # of the gateway's sessions
+
+    def track(self, turns: TurnManager) -> None:
+        self.turns.add(turns)
+
+    def untrack(self, turns: TurnManager) -> None:
+        self.turns.discard(turns)
+
+    def answering(self) -> int:
+        """Replies being generated in this gateway now."""
+        return sum(turns.generating() for turns in self.turns)
 
     def has_room(self) -> bool:
         """Whether a pass while speaking may start now."""
         if self.pause_first and self.pauses:
+            return False
+        if self.max_answering is not None and self.answering() > self.max_answering:
             return False
         return len(self.speaking) < self.limit
 

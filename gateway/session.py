@@ -92,6 +92,7 @@ class LiveSession:
             hold=self.turns.hold if options.speculate_turn else None,
             discard=self.turns.discard,
         )
+        budget.track(self.turns)
         self.asks = TurnAsks(
             lambda audio: triton.turn_complete(audio, session=self.turns.affinity),
             self.hearing.pause_text,
@@ -187,6 +188,7 @@ class LiveSession:
         await self.send_json({"type": "controls", "controls": controls})
 
     async def close(self) -> None:
+        self.hearing.budget.untrack(self.turns)
         self.asks.close()
         self.hearing.close()
         await self.turns.interrupt("closed", notify=False)

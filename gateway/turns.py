@@ -77,6 +77,11 @@ class TurnManager:
         """Go on with the conversation of `token` (already verified)."""
         self.session_id, self.affinity = token, session_of(token)
 
+    def generating(self) -> bool:
+        """A reply is being generated (its turn's stream is open)."""
+        turn = self.current
+        return bool(turn and not turn.cancelled and turn.task and not turn.task.done())
+
     def busy(self) -> bool:
         """A reply is being generated or should still be playing on the client."""
         turn = self.current

@@ -137,3 +137,25 @@ def test_a_failed_or_empty_pause_pass_leaves_the_turn_to_the_avatar() -> None:
     assert asyncio.run(scenario("", fail=False)) is None
     assert asyncio.run(scenario("Hi.", fail=True)) is None
     assert asyncio.run(scenario("Hi.", fail=False)).text == "Hi."
+
+
+def test_under_load_no_pass_while_speaking_starts() -> None:
+    """With `max_answering` 1, captions wait while two replies are being generated."""
+
+    class Replying:
+        def __init__(self, generating: bool) -> None:
+            self.now = generating
+
+        def generating(self) -> bool:
+            return self.now
+
+    budget = PassBudget(limit=1, max_answering=1)
+    first, second = Replying(True), Replying(False)
+    budget.track(first)
+    budget.track(second)
+    assert budget.answering() == 1 and budget.has_room()
+    second.now = True
+    assert budget.answering() == 2 and not budget.has_room()
+    budget.untrack(second)
+    assert budget.has_room()
+    assert PassBudget(limit=1).has_room()  # no limit by default in the class

@@ -77,7 +77,7 @@ def text_complete(text: str) -> bool | None:
 
 # Chosen with `python -m perf endpointing` (docs/performance.md section 18).
 ASK_AT_S = (0.2, 0.6)  # silences at which the model is asked
-COMPLETE_AT = 0.5
+COMPLETE_AT = 0.7
 INCOMPLETE_SILENCE_S = 1.4  # an unfinished thought may pause this long
 
 

@@ -66,7 +66,8 @@ def command_line() -> argparse.ArgumentParser:
         ("max_connections", "open connections in all"),
         ("max_per_address", "open connections per client address"),
         ("messages_per_s", "messages a second per connection (beyond a burst)"),
-        ("audio_speed", "microphone audio, times real time (beyond a 2 s burst)"),
+        ("audio_speed", "microphone audio, times real time (beyond a burst)"),
+        ("audio_burst_s", "seconds of microphone audio a connection may send at once"),
         ("connects_per_s", "new connections a second per client address (beyond a burst)"),
         ("idle_timeout_s", "close a connection that sent nothing for this long"),
     ]:

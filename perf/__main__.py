@@ -14,6 +14,7 @@
   asr-server  ASR utterances/s and ms through Triton vs in-process -> build/perf/asr_server/
   flood     flood a running gateway while a normal session talks: its latency, the refusals
   failover  2 replicas + HAProxy + Redis + gateway, kill -9 of one mid-conversation
+  knowledge  venue questions answered with and without the operator's documents
 
 Against a running server (`--url`), or an embedded server it starts itself. Results are
 CSV + JSON (with the machine's load average: the project machines share 2 cores, so the
@@ -175,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         failover,
         first_piece,
         flood,
+        knowledge,
         latency,
         llm_server,
     )
@@ -208,6 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     failover.add_arguments(
         sub.add_parser("failover", help="kill -9 a replica mid-conversation: lost, remembered")
+    )
+    knowledge.add_arguments(
+        sub.add_parser("knowledge", help="venue facts stated with and without the documents")
     )
 
     args = parser.parse_args(argv)

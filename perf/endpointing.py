@@ -67,12 +67,14 @@ def endpoints(
     model: tuple[float, float] | None = None,
     ask: Ask | None = None,
     ask_latency_s: float = 0.0,
+    pause_pass_s: Callable[[np.ndarray], float] | None = None,
 ) -> tuple[int, float | None, float | None]:
     """(utterances cut before the last speech, delay in s of the final endpoint after the
     last speech chunk, delay until the turn can start: the endpoint and the transcript of
     the pass at the last pause) for one question followed by silence. `model` (complete_at,
     incomplete_silence_s) with `ask`: the end-of-turn strategy over `audio`, each answer
-    arriving after the longer of `ask_latency_s` and the time its transcript took."""
+    arriving after the longer of `ask_latency_s` and the time its transcript took;
+    `pause_pass_s(audio)`: how long the transcript of the pass at the first pause takes."""
     from avatar.end_of_turn import ModelEndpointer
     from avatar.vad import (
         CHUNK,
@@ -104,8 +106,8 @@ def endpoints(
     for index, prob in enumerate(probs):
         events = endpointer.step(frames[index], float(prob))
         for event in events:
-            if isinstance(event, SpeechPaused) and ask is not None:  # the pass at the pause
-                transcribed = index + int(np.ceil(ask(event.audio)[2] / CHUNK_S))
+            if isinstance(event, SpeechPaused) and pause_pass_s is not None:  # its transcript
+                transcribed = index + int(np.ceil(pause_pass_s(event.audio) / CHUNK_S))
             elif isinstance(event, SpeechResumed):
                 transcribed = None
         for event in [e for e in events if isinstance(e, AskTurnModel)]:
@@ -201,6 +203,7 @@ def run(
                     model=model,
                     ask=asking,
                     ask_latency_s=ask_latency_ms / 1000,
+                    pause_pass_s=lambda audio: ask(audio)[2],
                 )
                 for p, a in zip(probs, audios[name], strict=True)
             ]

@@ -63,7 +63,8 @@ def _session_secret() -> str:
 
 def _llm_environment(args: argparse.Namespace) -> dict[str, str]:
     """The `llm` model's settings for the server's environment (avatar/llm/settings.py):
-    --llm URL / --llm-model / --persona FILE, checked here so that a typo fails now, not
+    --llm URL / --llm-model / --persona FILE (and the `avatar` model's --knowledge DIR),
+    checked here so that a typo fails now, not
     as a model that does not load. The endpoint's key stays in $AVATAR_LLM_API_KEY (or
     $AVATAR_LLM_API_KEY_FILE), inherited: never argv."""
     from avatar.llm.openai_api import Endpoint
@@ -80,6 +81,12 @@ def _llm_environment(args: argparse.Namespace) -> dict[str, str]:
         persona = load_persona(args.persona)  # PersonaError: what is wrong with the file
         log.info("persona %s from %s", persona.name, args.persona)
         env[PERSONA_FILE_ENV] = str(Path(args.persona).resolve())
+    if args.knowledge:
+        from avatar.knowledge import KNOWLEDGE_DIR_ENV, check_knowledge_dir
+
+        folder, passages = check_knowledge_dir(args.knowledge)  # KnowledgeError: ValueError
+        log.info("knowledge: %d passages from %s", passages, folder)
+        env[KNOWLEDGE_DIR_ENV] = str(folder)
     return env
 
 
@@ -277,6 +284,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="FILE",
         help="who the avatar is: a .toml or .json file with name, role, manner, facts "
         "(docs/llm.md)",
+    )
+    serve.add_argument(
+        "--knowledge",
+        type=Path,
+        metavar="DIR",
+        help="answer from the operator's documents: a folder of .md/.txt files, reloaded "
+        "when they change (docs/knowledge.md)",
     )
     serve.set_defaults(run=_serve)
 

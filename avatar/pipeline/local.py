@@ -27,10 +27,13 @@ from typing import Any
 import numpy as np
 
 from avatar.asr.transcribe import AsrOptions, check_audio, transcribe
+from avatar.knowledge import KnowledgeBase, KnowledgeConfig, estimate_tokens
+from avatar.knowledge.base import TokenCounter
 from avatar.llm.cache import PrefixCache
 from avatar.llm.engine import ChatEngine, EngineConfig
 from avatar.llm.scheduler import Event
 from avatar.llm.sequences import KvCacheSequences, SequenceDecoder, Step
+from avatar.pipeline.prompt import KNOWLEDGE_SAMPLING, llm_messages, llm_sampling
 from avatar.pipeline.request import TurnRequest
 from avatar.pipeline.turn import Speech, Stages
 
@@ -57,6 +60,12 @@ class LocalConfig:
     # persona, sampling defaults, first clause, generations side by side, prefix cache
     llm: EngineConfig = dataclasses.field(default_factory=EngineConfig)
     threads: int = 1  # ONNX Runtime intra-op threads per call, as the embedded runners
+    # the operator's documents (avatar.knowledge), embedded by `LocalModels.emotion_encoder`
+    knowledge_dir: Path | None = None
+    knowledge: KnowledgeConfig = dataclasses.field(default_factory=KnowledgeConfig)
+    knowledge_sampling: Mapping[str, Any] = dataclasses.field(
+        default_factory=lambda: dict(KNOWLEDGE_SAMPLING)
+    )
 
 
 @contextlib.contextmanager
@@ -71,7 +80,8 @@ def local_stages(models: LocalModels, config: LocalConfig | None = None) -> Iter
         OrtDecoder(models.llm_decoder, config.threads), PrefixCache(config.llm.prefix_cache_entries)
     )
     decoder = _SequenceAtATime(sequences, config.llm.max_batch)
-    chat = _Chat(ChatEngine(decoder, Tokenizer(models.llm_decoder.parent), config.llm))
+    tokenizer = Tokenizer(models.llm_decoder.parent)
+    chat = _Chat(ChatEngine(decoder, tokenizer, config.llm), config.knowledge_sampling)
     stages = Stages(
         transcribe=_transcriber(models, config),
         chat=chat.chat,
@@ -79,6 +89,10 @@ def local_stages(models: LocalModels, config: LocalConfig | None = None) -> Iter
         render=_renderer(models.renderers, config.threads) if models.renderers else None,
         feel=_feeler(models.emotion_encoder, config.threads) if models.emotion_encoder else None,
         cut=chat.cut,
+        # the budget counted by the LLM's own tokenizer
+        recall=local_knowledge(models, config, lambda text: len(tokenizer.encode(text))).recall
+        if config.knowledge_dir
+        else None,
     )
     chat.engine.scheduler.start()
     try:
@@ -137,20 +151,14 @@ class _Chat:
     """`chat` and `cut` on one engine, as the `llm` model serves them (sessions, forks,
     stop by turn id)."""
 
-    def __init__(self, engine: ChatEngine) -> None:
-        self.engine = engine
+    def __init__(self, engine: ChatEngine, knowledge_sampling: Mapping[str, Any]) -> None:
+        self.engine, self.knowledge_sampling = engine, knowledge_sampling
 
     def chat(self, text: str, request: TurnRequest, stop: Callable[[], bool]) -> Iterator[str]:
-        controls = request.controls
-        messages = [{"role": "system", "content": controls.persona}] if controls.persona else []
-        messages.append({"role": "user", "content": text})
-        sampling: dict[str, Any] = {"seed": controls.seed}
-        if controls.max_tokens:
-            sampling["max_tokens"] = controls.max_tokens
         parsed = self.engine.parse(
-            json.dumps(messages),
+            json.dumps(llm_messages(text, request)),
             request.session_id,
-            json.dumps(sampling),
+            json.dumps(llm_sampling(request, knowledge=self.knowledge_sampling)),
             request.parent_session_id,
         )
         events: queue.Queue[Event] = queue.Queue()
@@ -195,6 +203,25 @@ def _speaker(path: Path, threads: int) -> Callable[[str, TurnRequest], Iterator[
             )
 
     return speak
+
+
+def local_knowledge(
+    models: LocalModels, config: LocalConfig, count_tokens: TokenCounter = estimate_tokens
+) -> KnowledgeBase:
+    """`config.knowledge_dir`, embedded now by the emotion encoder's graph in this process."""
+    from avatar.animation.emotion_classifier import SentenceTokenizer
+
+    if models.emotion_encoder is None or config.knowledge_dir is None:
+        raise ValueError("knowledge needs a folder and the emotion_encoder graph")
+    session, tokenize = _session(models.emotion_encoder, config.threads), SentenceTokenizer()
+    base = KnowledgeBase(
+        config.knowledge_dir,
+        lambda texts: session.run(["embedding"], tokenize(texts))[0],
+        config.knowledge,
+        count_tokens=count_tokens,
+    )
+    base.refresh()  # embedded now, not in the first turn
+    return base
 
 
 def _feeler(path: Path, threads: int) -> Callable[[str], tuple[str, float]]:

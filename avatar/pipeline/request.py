@@ -117,6 +117,9 @@ class TurnRequest:
     controls: Controls
     turn_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
     parent_session_id: str = ""  # a new session starts from this one's memory (a fork)
+    # the operator's passages for this turn (avatar.knowledge), set by the server after ASR;
+    # never from a client: `parse_turn` has no such input
+    context: str = ""
 
 
 def parse_turn(

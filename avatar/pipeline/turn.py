@@ -11,6 +11,10 @@ The reply is what a person listens to: each piece loses stage directions, emoji 
 way a barge-in does (`Stages.cut`), so the session remembers only those sentences, whatever
 backend writes them and whatever the model was asked. The face's emotion holds across
 sentences and turns (`avatar.animation.emotion_hold`), per session in `Stages.moods`.
+
+Knowledge: when `Stages.recall` is set, the user's words are looked up in the operator's
+documents after ASR (stage "knowledge" in the timings) and the chosen passages travel to
+the chat stage as `TurnRequest.context` (avatar/pipeline/prompt.py places them).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import numpy as np
 
 from avatar.animation.emotion_hold import DEFAULT_HOLD, HoldConfig, Mood, Moods, hold
 from avatar.animation.pipeline import Animation, animate
+from avatar.knowledge import Recall
 from avatar.pipeline.events import (
     FinalEvent,
     FramesEvent,
@@ -73,6 +78,8 @@ class Stages:
     # reply sentence -> (emotion label, confidence 0..1), for the "auto" emotion control
     feel: Callable[[str], tuple[str, float]] | None = None
     cut: Callable[[TurnRequest, str], None] | None = None
+    # user's words -> the operator's passages for them (avatar.knowledge); None: no documents
+    recall: Callable[[str], Recall] | None = None
     # the emotion each session's face last showed (hysteresis across turns); kept by this
     # process, bounded: a session served by another replica starts neutral
     moods: Moods = dataclasses.field(default_factory=Moods)
@@ -96,7 +103,8 @@ class _Clock:
 
 
 class _Timings:
-    """`stage_ms`: wall time summed per stage (asr, llm, tts, animation, render);
+    """`stage_ms`: wall time summed per stage (asr, knowledge, llm, tts, animation,
+    render);
     `since_request_ms`: milestones (transcript, llm_first_sentence, first_audio,
     first_frame (blendshapes), first_video (rendered pixels), total) measured from the
     request's arrival."""
@@ -219,6 +227,9 @@ def run_turn(
 
     stop_llm = threading.Event()
     producer = None
+    if transcript and not cancelled() and stages.recall is not None:
+        # before settled(): the lookup overlaps the end of a superseded turn
+        request = _with_knowledge(transcript, request, stages.recall, timings, errors)
     if transcript and not cancelled():
         settled()
         producer = _LlmProducer(
@@ -273,6 +284,28 @@ def run_turn(
     )
     emit(final)
     return final
+
+
+def _with_knowledge(
+    text: str,
+    request: TurnRequest,
+    recall: Callable[[str], Recall],
+    timings: _Timings,
+    errors: list[str],
+) -> TurnRequest:
+    """The request with the passages for `text` as its context; a failed lookup is an error
+    of the turn, which is answered without documents."""
+    started = time.perf_counter()
+    try:
+        found = recall(text)
+    except Exception as error:
+        errors.append(f"knowledge: {error}")
+        log.warning("knowledge lookup failed; answering without documents: %s", error)
+        return request
+    finally:
+        timings.add("knowledge", started)
+    timings.values["knowledge"] = found.summary()
+    return dataclasses.replace(request, context=found.context)
 
 
 def _cut(stages: Stages, request: TurnRequest, spoken: str, errors: list[str]) -> None:

@@ -9,6 +9,7 @@ says it is ready), and wraps each request's response sender as a `TurnStream`.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Iterator
 
@@ -16,7 +17,9 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from avatar.animation.emotion_classifier import EmotionClassifier, SentenceTokenizer
+from avatar.knowledge import KNOWLEDGE_DIR_ENV, KnowledgeBase, KnowledgeConfig
 from avatar.pipeline import PipelineConfig, Speech, Stages, TurnRequest, parse_turn
+from avatar.pipeline.prompt import KNOWLEDGE_SAMPLING, llm_messages, llm_sampling
 from avatar.pipeline.runner import RunnerConfig, Tensors, TurnRunner
 from avatar.pipeline.speech import TTS_OUTPUTS, speech_from_tts
 from avatar.session_tokens import SessionTokens
@@ -77,6 +80,12 @@ class TritonPythonModel:
         self.emotion_model = params.str("emotion_model", "emotion_encoder")
         self.tokenize = SentenceTokenizer()
         self.emotions = EmotionClassifier.load(encoder=self._embed)
+        self.knowledge = self._knowledge(params)
+        self.knowledge_sampling = json.loads(
+            params.str("knowledge_sampling", json.dumps(KNOWLEDGE_SAMPLING))
+        )
+        if not isinstance(self.knowledge_sampling, dict):
+            raise ValueError("avatar: knowledge_sampling must be a JSON object of llm sampling")
         stages = Stages(
             self._transcribe,
             self._chat,
@@ -84,6 +93,7 @@ class TritonPythonModel:
             self._render,
             feel=self._feel,
             cut=self._cut,
+            recall=self.knowledge.recall if self.knowledge is not None else None,
         )
         turns, sessions = Gauge("avatar", "turns"), Gauge("avatar", "sessions")
         self.refused = Counter("avatar", "busy")
@@ -100,6 +110,26 @@ class TritonPythonModel:
             f"avatar: {self.asr_model} -> {self.llm_model} -> {self.tts_model}; video of the "
             f"{self.face} face by default, from {self.renderers} while they are ready"
         )
+
+    def _knowledge(self, params: ModelParameters) -> KnowledgeBase | None:
+        """The operator's documents (`knowledge_dir`, else $AVATAR_KNOWLEDGE_DIR; "" = none),
+        embedded by the emotion encoder at the first turn (it may load after this model)."""
+        folder = params.str("knowledge_dir", "") or os.environ.get(KNOWLEDGE_DIR_ENV, "")
+        if not folder:
+            return None
+        defaults = KnowledgeConfig()
+        config = KnowledgeConfig(
+            passages=params.int("knowledge_passages", defaults.passages),
+            tokens=params.int("knowledge_tokens", defaults.tokens),
+            min_score=params.float("knowledge_min_score", defaults.min_score),
+            check_s=params.float("knowledge_check_s", defaults.check_s),
+        )
+        base = KnowledgeBase(folder, self._embed, config)  # KnowledgeError: a bad folder
+        pb_utils.Logger.log_info(
+            f"avatar: knowledge from {folder}: up to {config.passages} passages, "
+            f"{config.tokens} tokens per turn"
+        )
+        return base
 
     # ------------------------------------------------------------------ stages (BLS)
     def _renderer(self, face: str) -> str:
@@ -129,15 +159,9 @@ class TritonPythonModel:
         return _str(out["text"])
 
     def _chat(self, text: str, request: TurnRequest, stop: Callable[[], bool]):
-        controls = request.controls
-        messages = [{"role": "system", "content": controls.persona}] if controls.persona else []
-        messages.append({"role": "user", "content": text})
-        sampling = {
-            "max_tokens": controls.max_tokens or self.max_tokens,
-            "seed": controls.seed,
-        }
+        sampling = llm_sampling(request, self.max_tokens, self.knowledge_sampling)
         inputs = {
-            "messages": _bytes(json.dumps(messages)),
+            "messages": _bytes(json.dumps(llm_messages(text, request))),
             "sampling": _bytes(json.dumps(sampling)),
         }
         if request.session_id:

@@ -1,0 +1,53 @@
+"""The `llm` model's request for a turn: its messages and sampling, with the operator's
+passages placed where the `llm` engine accepts them from its caller.
+
+Placement: the `llm` engine takes a caller's system message as a replacement of its
+persona (avatar/llm/engine.py `parse`), and the `avatar` model does not know that persona
+(the `llm` model's configuration or persona file). So the passages go into the user's
+message, before the question, in the form the packaged SmolLM2-135M answered best from
+(`python -m perf knowledge`, docs/knowledge.md): "Information: ... / Answer this question
+with the information: ...". A turn with passages is also sampled greedily and without the
+repetition penalty, which otherwise penalises the very tokens of the passage the answer
+must repeat (the sampler counts the prompt's tokens).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from avatar.pipeline.request import TurnRequest
+
+# sampling of a turn answered from passages (the avatar model's `knowledge_sampling`)
+KNOWLEDGE_SAMPLING: Mapping[str, Any] = {"temperature": 0.0, "repetition_penalty": 1.0}
+
+
+def user_content(text: str, context: str) -> str:
+    """The user's message: their words, after the passages when there are any."""
+    if not context:
+        return text
+    return f"{context}\nAnswer this question with the information: {text}"
+
+
+def llm_messages(text: str, request: TurnRequest) -> list[dict[str, str]]:
+    """The `messages` JSON value of the turn's `llm` request: the persona control as the
+    system message (when a trusted caller set one) and the user's message."""
+    persona = request.controls.persona
+    messages = [{"role": "system", "content": persona}] if persona else []
+    messages.append({"role": "user", "content": user_content(text, request.context)})
+    return messages
+
+
+def llm_sampling(
+    request: TurnRequest,
+    max_tokens: int = 0,
+    knowledge: Mapping[str, Any] = KNOWLEDGE_SAMPLING,
+) -> dict[str, Any]:
+    """The `sampling` JSON value: the seed, the reply budget (`max_tokens` unless the
+    controls set one; 0 leaves the llm's default) and, with passages, `knowledge`."""
+    sampling: dict[str, Any] = {"seed": request.controls.seed}
+    if request.controls.max_tokens or max_tokens:
+        sampling["max_tokens"] = request.controls.max_tokens or max_tokens
+    if request.context:
+        sampling.update(knowledge)
+    return sampling

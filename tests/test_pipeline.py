@@ -339,3 +339,46 @@ def test_a_failing_renderer_leaves_the_voice_and_the_face():
     assert [type(e).__name__ for e in events].count("SentenceEvent") == 2
     assert not any(type(e).__name__ == "FramesEvent" for e in events)
     assert final.errors == ["render: renderer unavailable"] * 2
+
+
+def test_the_emotion_is_classified_while_the_sentence_is_synthesised():
+    """The voice waits (up to 5 s) for the classifier to start: a turn that asked for the
+    emotion only after the sentence's audio would wait the whole 5 s and fail here."""
+    import threading
+
+    fake = FakeStages(reply=("Wonderful news!",))
+    started = threading.Event()
+
+    def feel(text):
+        started.set()
+        return "happy", 1.0
+
+    def speak(text, request):
+        assert started.wait(5.0), "the emotion was not asked for beside the voice"
+        yield fake_speech(text)
+
+    stages = dataclasses.replace(fake.stages(), speak=speak, feel=feel)
+    events, final = run(fake, stages=stages)
+    (sentence,) = [e for e in events if isinstance(e, SentenceEvent)]
+    assert sentence.emotion == "happy" and not final.errors
+
+
+def test_the_pieces_of_a_sentence_go_out_as_they_are_synthesised():
+    """The second piece of a long sentence is synthesised after the first went out."""
+    fake = FakeStages(reply=("One long sentence, then its second half.",))
+    emitted: list = []
+
+    def speak(text, request):
+        yield fake_speech("One long sentence,")
+        emitted.append(len([e for e in events if isinstance(e, SentenceEvent)]))
+        yield fake_speech("then its second half.")
+
+    events: list = []
+    request = parse_turn(np.zeros(16000, np.float32), None, "s", "{}")
+    stages = dataclasses.replace(fake.stages(), speak=speak)
+    run_turn(request, stages, events.append, lambda: "", PipelineConfig())
+    assert emitted == [1]  # the first piece was out before the second was made
+    assert [e.text for e in events if isinstance(e, SentenceEvent)] == [
+        "One long sentence,",
+        "then its second half.",
+    ]

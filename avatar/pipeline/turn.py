@@ -26,6 +26,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -356,24 +357,46 @@ def _sentences(
 
 
 def _speak_sentence(text: str, index: int, position: float, turn: _Turn) -> Iterator[SentenceEvent]:
-    """TTS -> animation -> frames for one sentence; a TTS failure yields text with an error."""
+    """TTS -> animation -> frames for one sentence, each TTS piece as soon as it is
+    synthesised; a TTS failure before the first piece yields text with an error. The
+    sentence's emotion is classified beside its synthesis (it needs only the text)."""
     request, stages, timings, errors = turn.request, turn.stages, turn.timings, turn.errors
     controls = request.controls
-    started = time.perf_counter()
-    try:
-        pieces = list(stages.speak(text, request))
-    except Exception as error:
-        message = f"tts: {error}"
-        errors.append(message)
-        log.warning("sentence %d without audio: %s", index, message)
-        yield _text_only(text, index, position, controls, message)
-        return
-    finally:
-        timings.add("tts", started)
-    for number, speech in enumerate(pieces):
+    feeling = _feel_beside(text, turn)
+    pieces = iter(stages.speak(text, request))
+    number = 0
+    while True:
+        started = time.perf_counter()
+        try:
+            speech = next(pieces)
+        except StopIteration:
+            return
+        except Exception as error:
+            message = f"tts: {error}"
+            errors.append(message)
+            log.warning("sentence %d without audio: %s", index + number, message)
+            if number == 0:  # nothing of it was spoken: its text still reaches the caption
+                yield _text_only(text, index, position, controls, message)
+            return
+        finally:
+            timings.add("tts", started)
         part = speech.text or text
-        yield _animated(part, index + number, position, speech, turn)
+        yield _animated(part, index + number, position, speech, turn, feel=feeling)
         position += _padded_samples(speech, controls.fps) / speech.sample_rate
+        number += 1
+
+
+_FEELINGS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="emotion")
+
+
+def _feel_beside(text: str, turn: _Turn) -> Callable[[str], tuple[str, float]] | None:
+    """`feel` for the sentence's pieces, the whole sentence's answer started now so that it
+    runs while the sentence is synthesised (a piece with other text asks for itself)."""
+    feel = turn.stages.feel
+    if feel is None or turn.request.controls.emotion != AUTO_EMOTION or not text.strip():
+        return feel
+    future = _FEELINGS.submit(feel, text)
+    return lambda piece: future.result() if piece == text else feel(piece)
 
 
 def _padded_samples(speech: Speech, fps: float) -> int:
@@ -381,9 +404,17 @@ def _padded_samples(speech: Speech, fps: float) -> int:
     return round(frames * speech.sample_rate / fps)
 
 
-def _animated(text: str, index: int, position: float, speech: Speech, turn: _Turn) -> SentenceEvent:
+def _animated(
+    text: str,
+    index: int,
+    position: float,
+    speech: Speech,
+    turn: _Turn,
+    *,
+    feel: Callable[[str], tuple[str, float]] | None,
+) -> SentenceEvent:
     """Pad the audio to whole frames so every sentence starts on a frame of the turn clock."""
-    request, stages, timings = turn.request, turn.stages, turn.timings
+    request, timings = turn.request, turn.timings
     controls = request.controls
     samples = _padded_samples(speech, controls.fps)
     audio = np.zeros(samples, np.float32)
@@ -391,7 +422,7 @@ def _animated(text: str, index: int, position: float, speech: Speech, turn: _Tur
     frames = round(samples * controls.fps / speech.sample_rate)
     started = time.perf_counter()
     try:
-        controls, turn.mood = held_emotion(text, controls, stages.feel, turn.mood, turn.hold)
+        controls, turn.mood = held_emotion(text, controls, feel, turn.mood, turn.hold)
     except Exception as error:  # the face goes neutral; audio and animation still go
         turn.errors.append(f"emotion: {error}")
         controls = sentence_emotion(text, controls, None)

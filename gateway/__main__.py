@@ -135,9 +135,9 @@ def command_line() -> argparse.ArgumentParser:
     parser.add_argument(
         "--partials-max-answering",
         type=int,
-        default=SessionOptions.partial_max_answering,
+        default=SessionOptions.partial_max_answering or -1,
         help="no transcription while the user speaks while more than this many replies are "
-        "being generated in this gateway (-1: no such limit)",
+        "being generated in this gateway (-1, the default: no such limit)",
     )
     parser.add_argument(
         "--passes-alongside",

@@ -56,10 +56,11 @@ class SessionOptions:
     # on the human recordings and the packaged voice; every 0.5 s raised it.
     partial_every_s: float | None = 1.0
     partial_limit: int = 1
-    # ...and none while more than this many replies are being generated in this gateway
-    # (4 sessions on 2 cores: the passes' CPU delayed the replies, docs/performance.md 18).
-    # None: no such limit.
-    partial_max_answering: int | None = 1
+    # ...and, when set, none while more than this many replies are being generated in this
+    # gateway (captions wait under load). Off: side by side at 4 sessions on 2 cores it
+    # did not bring the first audio sooner (python -m perf latency: `today`, without it,
+    # against `captions_wait`; docs/performance.md section 18, as section 14 found).
+    partial_max_answering: int | None = None
     # The passes take the language of the session's last utterance; before one is known
     # they wait for this much speech: Whisper heard the first second of "What time does the
     # museum open on Sunday?" as Urdu ("وطن دستم مممم...", to its token limit).

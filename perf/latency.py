@@ -34,10 +34,10 @@ first pause, held until the end of speech is confirmed: `--speculate-turn`); `no
 language is known: `--detect-language-s 0`); `clause2` (today's, the first piece for TTS at
 a clause break after 2 words instead of 4); `passes_alongside` (today's, but the passes
 while the user speaks run alongside a pass at a pause instead of being cancelled by it:
-`--passes-alongside`); `passes_under_load` (today's, but the passes while the user speaks
-also run while other replies are being generated: `--partials-max-answering -1`). `stall`
-is not a time from the end of speech: the milliseconds a player that starts with the first
-audio waits, in all, for later audio that is late.
+`--passes-alongside`); `captions_wait` (today's, but no pass while the user speaks while
+more than one reply is being generated: `--partials-max-answering 1`). `stall` is not a
+time from the end of speech: the milliseconds a player that starts with the first audio
+waits, in all, for later audio that is late.
 Results:
 build/perf/latency/ (CSV, JSON, markdown, PNG); the table's ratios are of each setting to
 `today`.
@@ -74,7 +74,7 @@ SETTINGS = (
     "early_passes",
     "clause2",
     "passes_alongside",
-    "passes_under_load",
+    "captions_wait",
 )
 # Which parameter of a BLS model names which model it calls (their config.pbtxt files).
 CALLEES: dict[str, dict[str, str]] = {
@@ -298,9 +298,9 @@ def _gateway_options(setting: str, end_silence_s: float) -> list[str]:
         options += ["--detect-language-s", "0"]
     elif setting == "passes_alongside":  # a pause's pass does not cancel the others
         options += ["--passes-alongside"]
-    elif setting == "passes_under_load":  # passes while speaking however many replies run
-        options += ["--partials-max-answering", "-1"]
-    elif setting not in ("today", "silence", "passes_under_load"):
+    elif setting == "captions_wait":  # no pass while speaking while 2+ replies are generated
+        options += ["--partials-max-answering", "1"]
+    elif setting not in ("today", "silence", "captions_wait"):
         options += ["--model", f"avatar_{setting}"]
     if "asr" in COPIES.get(setting, {}):
         options += ["--asr-model", f"asr_{setting}"]

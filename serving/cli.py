@@ -81,7 +81,7 @@ def _llm_environment(args: argparse.Namespace) -> dict[str, str]:
         persona = load_persona(args.persona)  # PersonaError: what is wrong with the file
         log.info("persona %s from %s", persona.name, args.persona)
         env[PERSONA_FILE_ENV] = str(Path(args.persona).resolve())
-    if args.knowledge:
+    if getattr(args, "knowledge", None):  # `serve` has the flag; other callers may not
         from avatar.knowledge import KNOWLEDGE_DIR_ENV, check_knowledge_dir
 
         folder, passages = check_knowledge_dir(args.knowledge)  # KnowledgeError: ValueError

@@ -179,7 +179,7 @@ class ChattyStages:
 
     def chat(self, text, request, stop):
         for piece in self.PIECES:
-            if stop():
+            if stop() or self.cuts:  # a cut ends the generation, as the llm model's stop does
                 return {"finish_reason": "cancelled"}
             self.written += 1
             yield piece

@@ -156,6 +156,9 @@ class _LlmProducer(threading.Thread):
         self.timings, self.max_sentences = timings, max_sentences
         self.full = False  # the budget is spent: read no more, the generation was cut
         self.stop = lambda: self.full or stop()
+        # what the LLM stage polls: after the budget's cut its stream ends by itself with its
+        # stats (a stage that cannot be cut is stopped by the flag)
+        self.chat_stop = lambda: stop() or (self.full and stages.cut is None)
         self.sentences: queue.Queue = queue.Queue()
         self.stats: dict[str, Any] = {}
         self.errors: list[str] = []
@@ -164,7 +167,7 @@ class _LlmProducer(threading.Thread):
         started = time.perf_counter()
         queued: list[str] = []
         try:
-            stream = self.stages.chat(self.text, self.request, self.stop)
+            stream = self.stages.chat(self.text, self.request, self.chat_stop)
             while True:
                 try:
                     sentence = next(stream)

@@ -123,7 +123,6 @@ class ModelEndpointer(Endpointer):
         self.unsure_silence = max(1, round(unsure_silence_s / CHUNK_S))
         self.pauses = 0  # pauses asked about: an answer names the one it is about
         self.asking = False  # in a pause the model was asked about
-        self.answers: list[float] = []  # the model's answers in this pause
 
     def set_end_silence(self, seconds: float) -> None:
         super().set_end_silence(seconds)
@@ -133,7 +132,7 @@ class ModelEndpointer(Endpointer):
         events = super()._pause_or_resume()
         silent = self.detector.silent
         if silent == 0 and self.asking:  # speech resumed: the silence rule until asked again
-            self.asking, self.answers = False, []
+            self.asking = False
             self.detector.min_silence = self.fallback_silence
         elif silent in self.ask_at:
             if not self.asking:
@@ -155,7 +154,6 @@ class ModelEndpointer(Endpointer):
         detector = self.detector
         if pause != self.pauses or not self.asking or detector.start is None:
             return []  # speech resumed (or the turn already ended) since it was asked
-        self.answers.append(probability)
         finished = text_complete(text or "")
         if text is None:  # no transcript (speculation off): the model alone
             finished = probability >= self.complete_at

@@ -15,6 +15,7 @@
   flood     flood a running gateway while a normal session talks: its latency, the refusals
   failover  2 replicas + HAProxy + Redis + gateway, kill -9 of one mid-conversation
   knowledge  venue questions answered with and without the operator's documents
+  gpu-stages  each network on a GPU, alone and as Triton models chained by BLS via DLPack
 
 Against a running server (`--url`), or an embedded server it starts itself. Results are
 CSV + JSON (with the machine's load average: the project machines share 2 cores, so the
@@ -176,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         failover,
         first_piece,
         flood,
+        gpu_stages,
         knowledge,
         latency,
         llm_server,
@@ -213,6 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     knowledge.add_arguments(
         sub.add_parser("knowledge", help="venue facts stated with and without the documents")
+    )
+    gpu_stages.add_arguments(
+        sub.add_parser("gpu-stages", help="each stage on a GPU, alone and served through BLS")
     )
 
     args = parser.parse_args(argv)

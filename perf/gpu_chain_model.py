@@ -32,7 +32,10 @@ class TritonPythonModel:
     def call(self, model: str, inputs: dict) -> dict:
         request = pb_utils.InferenceRequest(
             model_name=model,
-            inputs=[pb_utils.Tensor.from_dlpack(k, self.c_order(v)) for k, v in inputs.items()],
+            inputs=[
+                pb_utils.Tensor.from_dlpack(k, self.stages.c_order(self.torch, v))
+                for k, v in inputs.items()
+            ],
             requested_output_names=[t.name for t in self.stages.STAGES[model].outputs],
             preferred_memory=self.memory,
         )
@@ -44,20 +47,6 @@ class TritonPythonModel:
             self.on_gpu = self.on_gpu and not tensor.is_cpu()
             out[tensor.name()] = self.torch.from_dlpack(tensor.to_dlpack())
         return out
-
-    def c_order(self, tensor):
-        """Contiguous, with the strides the backend's C-order check computes: an empty
-        tensor (a KV cache of no tokens yet) gets 0 where torch keeps the size-1 strides."""
-        tensor = tensor.contiguous()
-        if tensor.numel():
-            return tensor
-        strides, step = [], 1
-        for size in reversed(tensor.shape):
-            strides.append(step)
-            step *= size
-        return self.torch.empty_strided(
-            tensor.shape, tuple(reversed(strides)), dtype=tensor.dtype, device=tensor.device
-        )
 
     def execute(self, requests):
         responses = []

@@ -462,6 +462,21 @@ def write_repository(folder: Path, gpu: bool) -> Path:
     return folder
 
 
+def c_order(torch, tensor):
+    """`tensor` contiguous, with the strides the python backend's C-order check computes: an
+    empty tensor (a KV cache of no tokens yet) gets 0 where torch keeps the size-1 strides."""
+    tensor = tensor.contiguous()
+    if tensor.numel():
+        return tensor
+    strides, step = [], 1
+    for size in reversed(tensor.shape):
+        strides.append(step)
+        step *= size
+    return torch.empty_strided(
+        tensor.shape, tuple(reversed(strides)), dtype=tensor.dtype, device=tensor.device
+    )
+
+
 def chain_once(torch, device, call: Callable[[str, dict[str, Any]], dict[str, Any]]):
     """The turn's critical path once, through `call(model, inputs) -> outputs`; ms per stage.
 

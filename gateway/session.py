@@ -74,7 +74,7 @@ class LiveSession:
             triton,
             send_json,
             send_bytes,
-            lambda: self.controls,
+            self._turn_controls,
             options.silence_timeout_s,
             tokens=tokens,
             ended=turn_ended,
@@ -160,6 +160,13 @@ class LiveSession:
                     await self._on_endpoint(event)
                 if self.endpointer.speaking:
                     self.hearing.speaking(self.endpointer.heard_s, self.endpointer.audio)
+
+    def _turn_controls(self) -> dict[str, Any]:
+        """A new turn's controls: the session's, with the language Whisper last heard the
+        user speak (the turn checks it against how the words are written)."""
+        if self.hearing.language:
+            return {**self.controls, "language": self.hearing.language}
+        return self.controls
 
     async def set_controls(self, values: Any) -> None:
         if not isinstance(values, dict):

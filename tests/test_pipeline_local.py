@@ -112,3 +112,77 @@ def test_the_served_turn_hears_what_the_local_turn_hears(stages, question, trito
     events, _ = run(stages, parse_turn(question, None, "", json.dumps(SHORT)))
     assert served.error == "" and served.transcript == events[0].text
     assert served.sentences and sentences(events)
+
+
+# ------------------------------------------------------------------ the user's language
+
+
+def listening(stages):
+    """The stages, with what the LLM was asked and each sentence's voice language recorded
+    (the real stages still do the work)."""
+    import dataclasses
+
+    from avatar.pipeline.prompt import llm_messages
+
+    asked: list = []
+    voices: list = []
+
+    def chat(text, request, stop):
+        asked.append((request.language, llm_messages(text, request)))
+        return (yield from stages.chat(text, request, stop))
+
+    def speak(text, request):
+        phonemes = []
+        for speech in stages.speak(text, request):
+            phonemes += speech.phonemes
+            yield speech
+        voices.append((text, phonemes))
+
+    return dataclasses.replace(stages, chat=chat, speak=speak), asked, voices
+
+
+def test_a_spoken_chinese_question_is_answered_and_spoken_in_chinese(stages):
+    """espeak-ng's Mandarin question -> Whisper (language detected) -> the LLM told to
+    answer in Chinese -> each sentence spoken by the voice of its writing: Han sentences by
+    the Mandarin voice (tone letters in its phonemes), any English one by the English."""
+    from scipy.signal import resample_poly
+
+    from avatar.languages import answer_instruction, written_in_han
+    from avatar.tts.synth import Controls
+    from avatar.tts.voices import EspeakSpeaker
+
+    voice = EspeakSpeaker("zh", "cmn")
+    controls = Controls.defaults(voice.config)
+    # No recorded Chinese speech installs offline; of espeak-ng's formant Mandarin, Whisper
+    # base hears this sentence as Chinese ("我想与你个方便"), others as Thai or Latin.
+    question = "我想预订一个房间。"
+    said = np.concatenate([voice.speak(u, controls).audio for u in voice.units(question)])
+    silence = np.zeros(4000, np.float32)
+    audio = np.concatenate([silence, resample_poly(said, 320, 441).astype(np.float32), silence])
+    observed, asked, voices = listening(stages)
+    events, final = run(observed, parse_turn(audio, None, "local-zh", json.dumps(SHORT)))
+    transcript = events[0].text
+    assert written_in_han(transcript), transcript
+    assert final.timings["language"] == "zh"
+    ((language, messages),) = asked
+    assert language == "zh"
+    assert messages[-1]["content"].endswith(answer_instruction("zh")), messages
+    assert sentences(events) and voices
+    for text, phonemes in voices:
+        # the English Piper voice's phonemes carry espeak's stress marks, the Mandarin
+        # voice's (from its phoneme events) none, and its first ones are what it says alone
+        alone = voice.speak(voice.units(text)[0], controls).phonemes if written_in_han(text) else ()
+        assert ("ˈ" in phonemes) != written_in_han(text), (text, phonemes)
+        assert phonemes[:3] == list(alone[:3]) or not alone, (phonemes, alone)
+
+
+def test_typed_turns_take_the_language_of_their_writing(stages):
+    observed, asked, _ = listening(stages)
+    short = {**SHORT, "max_tokens": 8}
+    typed = parse_turn(None, "你叫什么名字？", "local-zh-typed", json.dumps(short))
+    _, chinese = run(observed, typed)
+    stale = {**short, "language": "zh"}  # the last utterance was Chinese; this text is not
+    _, english = run(observed, parse_turn(None, "What is your name?", "", json.dumps(stale)))
+    assert (chinese.timings["language"], english.timings["language"]) == ("zh", "en")
+    assert [language for language, _ in asked] == ["zh", "en"]
+    assert "Answer in" not in asked[1][1][-1]["content"]

@@ -12,12 +12,13 @@ from avatar.pipeline.events import (
 )
 from avatar.pipeline.request import Controls, TurnRequest, parse_turn
 from avatar.pipeline.sessions import SessionTurns
-from avatar.pipeline.turn import PipelineConfig, Speech, Stages, run_turn
+from avatar.pipeline.turn import Heard, PipelineConfig, Speech, Stages, run_turn
 
 __all__ = [
     "Controls",
     "FinalEvent",
     "FramesEvent",
+    "Heard",
     "PipelineConfig",
     "SentenceEvent",
     "SessionTurns",

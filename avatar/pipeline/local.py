@@ -35,7 +35,7 @@ from avatar.llm.scheduler import Event
 from avatar.llm.sequences import KvCacheSequences, SequenceDecoder, Step
 from avatar.pipeline.prompt import KNOWLEDGE_SAMPLING, llm_messages, llm_sampling
 from avatar.pipeline.request import TurnRequest
-from avatar.pipeline.turn import Speech, Stages
+from avatar.pipeline.turn import Heard, Speech, Stages
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,17 +112,17 @@ def _session(path: Path, threads: int) -> Any:  # -> onnxruntime.InferenceSessio
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def _transcriber(models: LocalModels, config: LocalConfig) -> Callable[[np.ndarray], str]:
+def _transcriber(models: LocalModels, config: LocalConfig) -> Callable[[np.ndarray], Heard]:
     from avatar.asr.onnx_runtime import OnnxWhisperRuntime
     from avatar.asr.vocab import WhisperVocab
 
     runtime = OnnxWhisperRuntime(models.asr_encoder, models.asr_decoder, config.threads)
     vocab = WhisperVocab.load(models.asr_vocab / "tokenizer.json", models.asr_vocab / "config.json")
 
-    def transcribe_one(audio: np.ndarray) -> str:
+    def transcribe_one(audio: np.ndarray) -> Heard:
         audio = check_audio(audio, max_seconds=config.asr.max_seconds)
         (result,) = transcribe(runtime, vocab, [audio], config.asr)
-        return result.text
+        return Heard(result.text, result.language)
 
     return transcribe_one
 
@@ -184,15 +184,30 @@ class _Chat:
 
 
 def _speaker(path: Path, threads: int) -> Callable[[str, TurnRequest], Iterator[Speech]]:
+    """The packaged English voice, and espeak-ng's for the fallback languages (Mandarin):
+    each sentence spoken by the voice of the language it is written in."""
+    from avatar.languages import speech_language
     from avatar.tts.phonemes import Phonemizer
     from avatar.tts.synth import Controls, Synthesizer, onnx_infer
     from avatar.tts.voice import packaged_voice
+    from avatar.tts.voices import FALLBACK_ESPEAK, EspeakSpeaker, PiperSpeaker, Speaker
 
     voice = packaged_voice().config
     synth = Synthesizer(Phonemizer(voice), onnx_infer(_session(path, threads)))
+    speakers: dict[str, Speaker] = {"en": PiperSpeaker("en", synth, "packaged Piper voice")}
+    fallbacks = {
+        code: (lambda c=code, v=v: EspeakSpeaker(c, v)) for code, v in FALLBACK_ESPEAK.items()
+    }
+    voices = ("en", *fallbacks)
 
     def speak(text: str, request: TurnRequest) -> Iterator[Speech]:
-        for piece in synth.stream(text, Controls.defaults(voice, seed=request.controls.seed)):
+        language = speech_language(text, request.language, voices)
+        if language not in speakers:  # espeak-ng's voice loads on first use
+            speakers[language] = fallbacks[language]()
+        speaker = speakers[language]
+        controls = Controls.defaults(speaker.config, seed=request.controls.seed)
+        for unit in speaker.units(text):
+            piece = speaker.speak(unit, controls)
             yield Speech(
                 piece.audio,
                 piece.sample_rate,

@@ -16,17 +16,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from avatar.languages import answer_instruction
 from avatar.pipeline.request import TurnRequest
 
 # sampling of a turn answered from passages (the avatar model's `knowledge_sampling`)
 KNOWLEDGE_SAMPLING: Mapping[str, Any] = {"temperature": 0.0, "repetition_penalty": 1.0}
 
 
-def user_content(text: str, context: str) -> str:
-    """The user's message: their words, after the passages when there are any."""
+def user_content(text: str, context: str, language: str = "") -> str:
+    """The user's message: their words, after the passages when there are any, and before
+    the instruction to answer in their language when it is not English."""
+    instruction = answer_instruction(language)
+    words = f"{text}\n{instruction}" if instruction else text
     if not context:
-        return text
-    return f"{context}\nAnswer this question with the information: {text}"
+        return words
+    return f"{context}\nAnswer this question with the information: {words}"
 
 
 def llm_messages(text: str, request: TurnRequest) -> list[dict[str, str]]:
@@ -34,7 +38,8 @@ def llm_messages(text: str, request: TurnRequest) -> list[dict[str, str]]:
     system message (when a trusted caller set one) and the user's message."""
     persona = request.controls.persona
     messages = [{"role": "system", "content": persona}] if persona else []
-    messages.append({"role": "user", "content": user_content(text, request.context)})
+    content = user_content(text, request.context, request.language)
+    messages.append({"role": "user", "content": content})
     return messages
 
 

@@ -11,6 +11,7 @@ import numpy as np
 
 from avatar.animation.pipeline import AnimationConfig
 from avatar.errors import RequestError, parse_json
+from avatar.languages import normalise
 from avatar.session_tokens import SessionTokens, resolve
 
 AUDIO_RATE = 16000
@@ -42,6 +43,9 @@ class Controls:
     # which face `render` draws: "portrait" (the photo), "cartoon", or "" for the avatar
     # model's configured default (its `face` parameter)
     face: str = ""
+    # the user's language when the caller knows it (the gateway: the one Whisper heard);
+    # "" lets the turn tell it from the audio or from how the words are written
+    language: str = ""
 
     def animation(self, t0: float = 0.0) -> AnimationConfig:
         """The animation settings; "auto" not resolved by a classifier is neutral."""
@@ -94,6 +98,10 @@ class Controls:
             )
         if not 0 <= self.seed < 2**63:
             raise RequestError(f"seed={self.seed} is out of range; expected 0..2**63-1")
+        try:
+            normalise(self.language)
+        except ValueError as error:
+            raise RequestError(f"control {error}") from None
         if len(self.persona) > MAX_PERSONA_CHARS:
             raise RequestError(
                 f"persona has {len(self.persona)} characters; at most {MAX_PERSONA_CHARS}"
@@ -120,6 +128,8 @@ class TurnRequest:
     # the operator's passages for this turn (avatar.knowledge), set by the server after ASR;
     # never from a client: `parse_turn` has no such input
     context: str = ""
+    # the language the turn is held in (avatar.languages.turn_language), set after ASR
+    language: str = ""
 
 
 def parse_turn(

@@ -27,13 +27,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from avatar.animation.emotion_hold import DEFAULT_HOLD, HoldConfig, Mood, Moods, hold
 from avatar.animation.pipeline import Animation, animate
 from avatar.knowledge import Recall
+from avatar.languages import turn_language
 from avatar.pipeline.events import (
     FinalEvent,
     FramesEvent,
@@ -59,6 +60,13 @@ class Speech:
     text: str = ""  # the part of the sentence spoken (TTS may split a long sentence)
 
 
+class Heard(NamedTuple):
+    """What ASR heard: the words and Whisper's language code ("" when it does not say)."""
+
+    text: str
+    language: str = ""
+
+
 @dataclasses.dataclass
 class Stages:
     """The stage callables; the Triton adapter binds them to BLS calls.
@@ -70,7 +78,8 @@ class Stages:
     session remembers only that.
     """
 
-    transcribe: Callable[[np.ndarray], str]
+    # audio -> the user's words, with the language Whisper heard them in when it says
+    transcribe: Callable[[np.ndarray], str | Heard]
     chat: Callable[[str, TurnRequest, Callable[[], bool]], Iterator[str]]
     speak: Callable[[str, TurnRequest], Iterator[Speech]]
     # frames [T, H, W, 3] of blendshapes [T, 52] + head poses [T, 3] with the named face
@@ -216,16 +225,20 @@ def run_turn(
     timings = _Timings(clock)
     errors: list[str] = []
     said: list[str] = []
-    transcript = request.text
+    transcript, heard_language = request.text, request.controls.language
     reason = ""
+    if request.audio is not None:
+        started = time.perf_counter()
+        heard = stages.transcribe(request.audio)  # a failure fails the turn
+        if isinstance(heard, Heard):
+            heard_language = heard.language or heard_language
+        transcript = str(heard.text if isinstance(heard, Heard) else heard).strip()
+        timings.add("asr", started)
+    # the reply is asked for, and its sentences spoken, in the user's language
+    request = dataclasses.replace(request, language=turn_language(transcript, heard_language))
     turn = _Turn(
         request, stages, timings, errors, config.hold, stages.moods.get(request.session_id)
     )
-
-    if request.audio is not None:
-        started = time.perf_counter()
-        transcript = stages.transcribe(request.audio).strip()  # a failure fails the turn
-        timings.add("asr", started)
     emit(TranscriptEvent(transcript))
     timings.mark("transcript")
 
@@ -282,7 +295,7 @@ def run_turn(
             producer.stats.pop("session_id", None)  # the final response carries it
             timings.values["llm_stats"] = producer.stats
     timings.mark("total")
-    timings.values.update(sentences=index, audio_s=round(position, 3))
+    timings.values.update(sentences=index, audio_s=round(position, 3), language=request.language)
     final = FinalEvent(
         transcript, " ".join(said), reason, errors, timings.values, request.session_id
     )

@@ -19,6 +19,7 @@ import dataclasses
 import importlib.util
 import logging
 import threading
+import unicodedata
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -138,8 +139,7 @@ class _Library:
         while events and events[k].type != _EVENT_END:
             event = events[k]
             if event.type == _EVENT_PHONEME:
-                ipa = bytes(event.id.string).split(b"\0")[0].decode("utf-8", "replace")
-                self.events.append((ipa, int(event.sample)))
+                self.events.append((_event_name(bytes(event.id.string)), int(event.sample)))
             k += 1
         return 0  # go on
 
@@ -164,6 +164,20 @@ class _Library:
         if status != 0:
             raise RuntimeError(f"espeak_Synth failed with status {status}")
         return audio, events
+
+
+def _event_name(raw: bytes) -> str:
+    """A phoneme event's name: its first 8 bytes up to a NUL, letters and marks only.
+
+    espeak-ng does not always end a shorter name with a NUL: the bytes after it are stale
+    memory (after piper-phonemize had used the library: "tɕh`%\x7f\ufffd"), and a name of 8
+    bytes may end inside a character. Those are dropped, not passed on as phonemes."""
+    text = raw.split(b"\0")[0].decode("utf-8", "ignore")
+    return "".join(c for c in text if c in _NAME_MARKS or unicodedata.category(c) in _LETTERS)
+
+
+_LETTERS = frozenset({"Ll", "Lu", "Lm", "Lo", "Mn"})  # IPA letters, "ʰ", combining marks
+_NAME_MARKS = frozenset(".-˥˦˧˨˩")  # espeak-ng's syllable and stress marks, tone letters
 
 
 def rate_for(length_scale: float) -> int:

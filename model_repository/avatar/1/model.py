@@ -18,7 +18,8 @@ import triton_python_backend_utils as pb_utils
 
 from avatar.animation.emotion_classifier import EmotionClassifier, SentenceTokenizer
 from avatar.knowledge import KNOWLEDGE_DIR_ENV, KnowledgeBase, KnowledgeConfig
-from avatar.pipeline import PipelineConfig, Speech, Stages, TurnRequest, parse_turn
+from avatar.languages import speech_language
+from avatar.pipeline import Heard, PipelineConfig, Speech, Stages, TurnRequest, parse_turn
 from avatar.pipeline.prompt import KNOWLEDGE_SAMPLING, llm_messages, llm_sampling
 from avatar.pipeline.runner import RunnerConfig, Tensors, TurnRunner
 from avatar.pipeline.speech import TTS_OUTPUTS, speech_from_tts
@@ -49,6 +50,9 @@ class TritonPythonModel:
         self.asr_model = params.str("asr_model", "asr")
         self.llm_model = params.str("llm_model", "llm")
         self.tts_model = params.str("tts_model", "tts")
+        # the languages the tts model has voices for (its `voices` + espeak-ng's fallback):
+        # a reply sentence in another one is spoken by the English voice
+        self.voice_languages = params.str("voice_languages", "en,zh").replace(" ", "").split(",")
         self.renderers = {
             "portrait": params.str("portrait_renderer_model", "portrait_renderer"),
             "cartoon": params.str("cartoon_renderer_model", "renderer"),
@@ -154,9 +158,10 @@ class TritonPythonModel:
         emotion = self.emotions.predict(text)
         return emotion.label, emotion.intensity
 
-    def _transcribe(self, audio: np.ndarray) -> str:
-        out = bls.infer(self.asr_model, {"audio": audio.reshape(1, -1)}, ["text"])
-        return _str(out["text"])
+    def _transcribe(self, audio: np.ndarray) -> Heard:
+        outputs = ["text", "detected_language"]
+        out = bls.infer(self.asr_model, {"audio": audio.reshape(1, -1)}, outputs)
+        return Heard(_str(out["text"]), _str(out["detected_language"]))
 
     def _chat(self, text: str, request: TurnRequest, stop: Callable[[], bool]):
         sampling = llm_sampling(request, self.max_tokens, self.knowledge_sampling)
@@ -202,7 +207,11 @@ class TritonPythonModel:
             pb_utils.Logger.log_info(f"avatar: llm generation {request.turn_id}: {outcome}")
 
     def _speak(self, text: str, request: TurnRequest) -> Iterator[Speech]:
-        inputs = {"text": _bytes(text), "seed": np.array([request.controls.seed], np.int64)}
+        inputs = {
+            "text": _bytes(text),
+            "seed": np.array([request.controls.seed], np.int64),
+            "language": _bytes(speech_language(text, request.language, self.voice_languages)),
+        }
         replies = bls.stream(
             self.tts_model,
             inputs,

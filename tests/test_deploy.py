@@ -298,6 +298,51 @@ def test_triton_deployment() -> None:
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
 
 
+BRAIN_ENVS = (
+    "AVATAR_LLM_URL",
+    "AVATAR_LLM_MODEL",
+    "AVATAR_LLM_API_KEY_FILE",
+    "AVATAR_PERSONA_FILE",
+    "AVATAR_KNOWLEDGE_DIR",
+)
+
+
+def test_the_brain_is_configured_by_the_operator_and_optional() -> None:
+    """Both deployments pass the LLM endpoint, its key's file, the persona file and the
+    documents' folder to Triton; unset, the packaged model answers as before."""
+    from avatar.knowledge import KNOWLEDGE_DIR_ENV
+    from avatar.llm.persona import PERSONA_FILE_ENV
+    from avatar.llm.settings import KEY_ENV, MODEL_ENV, URL_ENV
+
+    assert set(BRAIN_ENVS) == {URL_ENV, MODEL_ENV, f"{KEY_ENV}_FILE"} | {
+        PERSONA_FILE_ENV,
+        KNOWLEDGE_DIR_ENV,
+    }
+    compose = _compose()
+    triton = compose["services"]["triton"]
+    env = triton["environment"]
+    assert set(BRAIN_ENVS) <= set(env)
+    for name in set(BRAIN_ENVS) - {"AVATAR_LLM_API_KEY_FILE"}:
+        assert env[name] == f"${{{name}:-}}", name  # empty by default: the packaged brain
+    assert env["AVATAR_LLM_API_KEY_FILE"] == "/run/secrets/avatar_llm_api_key"
+    assert "avatar_llm_api_key" in triton["secrets"]
+    assert set(compose["secrets"]["avatar_llm_api_key"]) == {"file"}
+    assert "./operator:/operator:ro" in triton["volumes"]
+
+    pod = _one("Deployment", "triton-avatar")["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    k8s_env = {e["name"]: e for e in container["env"]}
+    for name in BRAIN_ENVS:
+        ref = k8s_env[name]["valueFrom"]["configMapKeyRef"]
+        assert ref["name"] == "avatar-brain" and ref["optional"] is True, name
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["llm-key"]["secret"]["optional"] is True
+    assert volumes["persona"]["configMap"] == {"name": "avatar-persona", "optional": True}
+    assert volumes["knowledge"]["configMap"] == {"name": "avatar-knowledge", "optional": True}
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert all(mounts[v]["readOnly"] for v in ("llm-key", "persona", "knowledge"))
+
+
 def test_rolling_updates_drain() -> None:
     """New pod first; the old one leaves rotation, finishes its turns (~60 s at most) during
     preStop, and is stopped within its grace period."""

@@ -155,6 +155,32 @@ def test_seed_stop_and_sentences(artifact, decoder):
     assert sentences and all(s[-1] in ".!?" or s == sentences[-1] for s in sentences)
 
 
+def test_the_reply_ends_after_its_sentence_budget_and_is_remembered(artifact, decoder):
+    """The persona's budget is the server's: any caller of the engine gets at most
+    `max_sentences` spoken sentences (a first clause is none), a finished reply."""
+    from avatar.sentences import ends_sentence
+
+    eng = engine(artifact, decoder, first_clause_words=3)
+    story = "Write a long story about a dragon."
+
+    def sentences(limit: int, session: str = "") -> tuple[list[str], Event]:
+        sampling = json.dumps({"temperature": 0, "max_tokens": 200, "max_sentences": limit})
+        events = list(eng.chat(turn(story), session, sampling))
+        pieces = [c.sentence for e in events for c in e.chunks if c.sentence]
+        return [p for p in pieces if ends_sentence(p)], events[-1]
+
+    unbounded, _ = sentences(0)
+    assert len(unbounded) > 2, unbounded  # the model itself runs on
+    two, end = sentences(2, session="dragon")
+    assert two == unbounded[:2]
+    assert end.finish_reason == "stop" and end.stats["sentence_budget"] == 2
+    assert end.stats["completion_tokens"] < 200
+    (said,) = [m.content for m in eng.sessions.history("dragon") if m.role == "assistant"]
+    assert said.strip().endswith(two[-1].strip())
+    with pytest.raises(RequestError, match=r"max_sentences must be in \[0, 64\]"):
+        list(eng.chat(turn(story), "", json.dumps({"max_sentences": -1})))
+
+
 def test_cancellation_stops_within_one_step(artifact, decoder):
     eng = engine(artifact, decoder)
     seen: list[Event] = []

@@ -42,10 +42,13 @@ class Reply:
     is_cancelled: Callable[[], bool] = lambda: False
     splitter: SentenceSplitter = dataclasses.field(default_factory=SentenceSplitter)
     stopped: bool = False  # set by a stop request (another thread): ends it "cancelled"
+    # the sentence budget is spent (the engine sets it): the backend ends the generation
+    # as it would a cancelled one, and the engine reports it finished ("stop")
+    complete: bool = False
 
     def ended(self) -> bool:
-        """Stopped by a stop request or cancelled by its caller."""
-        return self.stopped or self.is_cancelled()
+        """Stopped by a stop request, cancelled by its caller, or its budget spent."""
+        return self.stopped or self.complete or self.is_cancelled()
 
     def final_chunks(self, text: str = "") -> list[Chunk]:
         """The pieces a reply that ends now still streams: `text` and its last sentence."""

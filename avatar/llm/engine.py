@@ -27,9 +27,10 @@ from avatar.llm.sampling import SamplingParams
 from avatar.llm.scheduler import Event, Scheduler
 from avatar.llm.sequences import KvCacheSequences, SequenceDecoder
 from avatar.llm.session import ConversationStore, MemoryStore, StoreError, bound_context
-from avatar.llm.stream import SentenceSplitter
+from avatar.llm.stream import Chunk, SentenceSplitter
 from avatar.llm.template import MAX_PROMPT_CHARS, Message, parse_messages, with_persona
 from avatar.llm.tokenizer import Tokenizer
+from avatar.sentences import ends_sentence, spoken_text
 from avatar.session_tokens import SessionTokens, resolve
 
 DEFAULT_PERSONA = (
@@ -53,6 +54,28 @@ class EngineConfig:
     # > 0: a reply's first piece for TTS may end at a clause break after this many words
     first_clause_words: int = 0
     sampling: SamplingParams = dataclasses.field(default_factory=SamplingParams)
+
+
+class SentenceBudget:
+    """Counts a reply's spoken sentences (as the `avatar` turn does: a first clause and a
+    piece with nothing to say are none) and keeps the chunks up to the `limit`-th."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.count = limit, 0
+
+    @property
+    def spent(self) -> bool:
+        return bool(self.limit) and self.count >= self.limit
+
+    def keep(self, chunks: list[Chunk]) -> list[Chunk]:
+        kept = []
+        for chunk in chunks:
+            if self.spent:
+                break
+            kept.append(chunk)
+            if chunk.sentence and spoken_text(chunk.sentence) and ends_sentence(chunk.sentence):
+                self.count += 1
+        return kept
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,8 +212,16 @@ class ChatEngine:
         itself, so one client cannot stop or rewrite another's conversation)."""
         key = (request.session_id, request_id)
         text: list[str] = []
+        budget = SentenceBudget(request.sampling.max_sentences)
 
         def on_event(event: Event) -> None:
+            event.chunks = budget.keep(event.chunks)
+            if budget.spent and not reply.complete:
+                reply.complete = True  # the backend ends it at its next step
+            if event.finish_reason == "cancelled" and reply.complete and not reply.stopped:
+                # ended by the budget, not by a caller: a finished reply, remembered
+                event.finish_reason = "stop"
+                event.stats = {**(event.stats or {}), "sentence_budget": budget.limit}
             text.extend(c.text for c in event.chunks)
             if event.finish_reason is not None:
                 memory_error = request.memory_error

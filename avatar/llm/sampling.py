@@ -12,6 +12,7 @@ import numpy as np
 from avatar.errors import RequestError
 
 MAX_NEW_TOKENS = 1024
+MAX_SENTENCES = 64
 MAX_STOP_STRINGS = 8
 
 
@@ -26,6 +27,9 @@ class SamplingParams:
     max_tokens: int = 128
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    # the reply ends after this many spoken sentences (a first clause is not one; 0: no
+    # limit): the persona's budget, kept by the server rather than asked of the model
+    max_sentences: int = 3
 
     def __post_init__(self) -> None:
         checks = (
@@ -52,6 +56,11 @@ class SamplingParams:
                 f"stop must be at most {MAX_STOP_STRINGS} non-empty strings",
             ),
             (self.seed is None or 0 <= self.seed < 2**63, f"seed must be >= 0, got {self.seed}"),
+            (
+                0 <= self.max_sentences <= MAX_SENTENCES,
+                f"max_sentences must be in [0, {MAX_SENTENCES}] (0 = no limit), "
+                f"got {self.max_sentences}",
+            ),
         )
         for ok, message in checks:
             if not ok:
@@ -72,6 +81,7 @@ class SamplingParams:
             "top_k": int,
             "max_tokens": int,
             "seed": int,
+            "max_sentences": int,
         }
         for key, value in data.items():
             if key == "stop":

@@ -16,6 +16,7 @@ Rows (`--variants`):
   served-sampling  the documents with the llm's served sampling (temperature 0.7,
               repetition penalty 1.1) instead of the knowledge sampling
   two-passages     the documents, two passages per turn
+  focus-1, focus-2  the best passage cut to its 1 or 2 sentences nearest the question
 
 Also, with no LLM: retrieval precision@1 and recall@3 (the passage holding the expected
 phrase among the first k), which bound what any LLM can answer.
@@ -46,7 +47,7 @@ DATA = Path(__file__).resolve().parent.parent / "evals" / "knowledge"
 VENUE = DATA / "venue"
 QUESTIONS = DATA / "questions.json"
 OUT = DEFAULT_OUT / "knowledge"
-VARIANTS = ("none", "documents", "served-sampling", "two-passages")
+VARIANTS = ("none", "documents", "served-sampling", "two-passages", "focus-1", "focus-2")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +117,8 @@ def run(variants: tuple[str, ...], seed: int = 0, venue: Path = VENUE) -> dict[s
         "two-passages": dataclasses.replace(
             base_config, knowledge=KnowledgeConfig(passages=2, tokens=320)
         ),
+        "focus-1": dataclasses.replace(base_config, knowledge=KnowledgeConfig(focus_sentences=1)),
+        "focus-2": dataclasses.replace(base_config, knowledge=KnowledgeConfig(focus_sentences=2)),
     }
     results["retrieval"] = retrieval(local_knowledge(models, base_config), questions)
     for variant in variants:

@@ -19,6 +19,7 @@ import dataclasses
 import itertools
 import logging
 import math
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -56,6 +57,9 @@ class KnowledgeConfig:
     check_s: float = 2.0  # how often the documents' sizes and mtimes are compared
     max_chars: int = MAX_PASSAGE_CHARS  # a passage's bound (passages.py)
     batch: int = 16  # texts per encoder call: the emotion_encoder's max_batch_size
+    # > 0: of each chosen passage, only its sentences most like the question, this many, in
+    # their order (a small LLM copies the right figure from less text); 0: whole passages
+    focus_sentences: int = 0
 
     def __post_init__(self) -> None:
         if self.passages < 1 or self.tokens < 1:
@@ -90,6 +94,14 @@ def estimate_tokens(text: str) -> int:
     letters = sum(c.isalpha() and c.isascii() for c in text)
     spaces = sum(a.isspace() and not b.isalpha() for a, b in itertools.pairwise(text))
     return digits + other + 3 * wide + spaces + math.ceil(letters / 2.5)
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?。！？])\s+|\n+")
+
+
+def split_sentences(text: str) -> list[str]:
+    """A passage's sentences (a line break ends one too: lists, opening hours)."""
+    return [s.strip() for s in _SENTENCE_END.split(text) if s.strip()]
 
 
 def format_context(passages: Sequence[Passage]) -> str:
@@ -146,6 +158,7 @@ class KnowledgeBase:
         self.index = PassageIndex([], np.zeros((0, 0), np.float32))
         self.loads = 0  # completed loads (1 after the first)
         self._embedded: dict[str, np.ndarray] = {}  # passage text -> its embedding
+        self._sentence_vectors: dict[str, np.ndarray] = {}  # passage text -> its sentences'
         self._signature: tuple[tuple[str, int, int], ...] | None = None
         self._checked = -math.inf
         self._lock = threading.Lock()
@@ -186,6 +199,8 @@ class KnowledgeBase:
                 )
             self._embedded.update(zip(batch, vectors, strict=True))
         self._embedded = {t: self._embedded[t] for t in texts}  # forget removed passages
+        kept = {p.text for p in passages}
+        self._sentence_vectors = {t: v for t, v in self._sentence_vectors.items() if t in kept}
         matrix = np.stack([self._embedded[t] for t in texts]) if texts else np.zeros((0, 0))
         self.index = PassageIndex(passages, matrix)
         self._signature = signature
@@ -201,15 +216,38 @@ class KnowledgeBase:
 
     def search(self, question: str, k: int | None = None) -> list[Hit]:
         """The `k` (default: `config.passages`) passages nearest to the question."""
+        return self._search(question, k)[0]
+
+    def _search(self, question: str, k: int | None) -> tuple[list[Hit], np.ndarray | None]:
         self.refresh()
         index = self.index  # one snapshot: a reload swaps it whole
         if not len(index) or not question.strip():
-            return []
+            return [], None
         query = np.asarray(self.encoder([question]), np.float32)[0]
-        return index.search(query, k or self.config.passages)
+        return index.search(query, k or self.config.passages), query
 
     def recall(self, question: str) -> Recall:
         """The passages for this question that fit the budget, as prompt text."""
         # a few more candidates than fit, so a long passage skipped leaves room for others
-        hits = self.search(question, self.config.passages + 2)
+        hits, query = self._search(question, self.config.passages + 2)
+        if self.config.focus_sentences and query is not None:
+            hits = [self._focused(hit, query) for hit in hits]
         return choose(hits, self.config, self.count_tokens)
+
+    def _focused(self, hit: Hit, query: np.ndarray) -> Hit:
+        """`hit` with its passage cut to its `focus_sentences` sentences nearest the query,
+        in reading order (their embeddings made once per passage text, then kept)."""
+        sentences = split_sentences(hit.passage.text)
+        keep = self.config.focus_sentences
+        if len(sentences) <= keep:
+            return hit
+        vectors = self._sentence_vectors.get(hit.passage.text)
+        if vectors is None:
+            titled = [f"{hit.passage.title}: {s}" if hit.passage.title else s for s in sentences]
+            vectors = np.asarray(self.encoder(titled), np.float32)
+            vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+            self._sentence_vectors[hit.passage.text] = vectors
+        query = query / max(float(np.linalg.norm(query)), 1e-12)
+        best = sorted(np.argsort(-(vectors @ query))[:keep])
+        text = " ".join(sentences[i] for i in best)
+        return Hit(dataclasses.replace(hit.passage, text=text), hit.score)

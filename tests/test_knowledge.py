@@ -266,7 +266,7 @@ def turn_with(recall, text="Where is the spa?"):
     seen: list = []
 
     def chat(words, request, stop):
-        seen.append((llm_messages(words, request), llm_sampling(request, 96)))
+        seen.append((llm_messages(words, request), llm_sampling(request, 96), request.context))
         yield "It is downstairs."
 
     stages = Stages(lambda audio: "", chat, silent, recall=recall)
@@ -282,14 +282,10 @@ def test_retrieval_is_a_stage_of_the_turn():
     final, seen = turn_with(lambda text: found)
     assert "knowledge" in final.timings["stage_ms"]
     assert final.timings["knowledge"] == {"passages": 1, "tokens": 14, "best_score": 0.7}
-    ((messages, sampling),) = seen
-    assert messages == [
-        {
-            "role": "user",
-            "content": "Information: Spa: The spa is on the lower ground floor.\n"
-            "Answer this question with the information: Where is the spa?",
-        }
-    ]
+    ((messages, sampling, context),) = seen
+    # the passages travel apart (the llm's `context` input), the user's words as said
+    assert messages == [{"role": "user", "content": "Where is the spa?"}]
+    assert context == "Information: Spa: The spa is on the lower ground floor."
     assert sampling == {"seed": 0, "max_tokens": 96, **KNOWLEDGE_SAMPLING}
 
 
@@ -313,12 +309,12 @@ def test_a_client_cannot_send_context():
 
 def test_a_venue_question_gets_its_fact_into_the_llm_request(venue):
     final, seen = turn_with(venue.recall, "What is the wifi password?")
-    ((messages, _sampling),) = seen
-    assert "seashell42" in messages[-1]["content"]
+    ((messages, _sampling, context),) = seen
+    assert "seashell42" in context and messages[-1]["content"] == "What is the wifi password?"
     assert final.timings["knowledge"]["passages"] == 1
-    # the llm engine accepts it and keeps its own persona (no system message was sent)
+    # the llm engine keeps its own persona (no system message was sent)
     parsed = with_persona(parse_messages(messages), "You are Mia.")
-    assert parsed[0].content == "You are Mia." and "seashell42" in parsed[-1].content
+    assert parsed[0].content == "You are Mia."
     # a persona the trusted caller set stays the system message; the passage stays with it
     controls = dataclasses.replace(parse_turn(None, "x").controls, persona="You are Ada.")
     request = dataclasses.replace(

@@ -181,6 +181,24 @@ def test_the_reply_ends_after_its_sentence_budget_and_is_remembered(artifact, de
         list(eng.chat(turn(story), "", json.dumps({"max_sentences": -1})))
 
 
+def test_passages_are_read_with_the_question_and_not_remembered(artifact, decoder):
+    eng = engine(artifact, decoder)
+    context = "Information: Hotel > Wi-Fi: The Wi-Fi password is seashell42."
+    request = eng.parse(turn("What is the Wi-Fi password?"), "wifi", GREEDY, "", context)
+    assert request.messages[-1].content == (
+        f"{context}\nAnswer this question with the information: What is the Wi-Fi password?"
+    )
+    events: list[Event] = []
+    eng.submit(request, events.append)
+    eng.scheduler.run_until_idle()
+    assert events[-1].finish_reason in ("stop", "length")
+    history = eng.sessions.history("wifi")
+    assert [m.role for m in history] == ["system", "user", "assistant"]
+    assert history[1].content == "What is the Wi-Fi password?"  # the passage was this turn's
+    with pytest.raises(RequestError, match="context has 16001 characters; at most 16000"):
+        eng.parse(turn("Hi"), "", GREEDY, "", "x" * 16_001)
+
+
 def test_cancellation_stops_within_one_step(artifact, decoder):
     eng = engine(artifact, decoder)
     seen: list[Event] = []

@@ -28,7 +28,13 @@ from avatar.llm.scheduler import Event, Scheduler
 from avatar.llm.sequences import KvCacheSequences, SequenceDecoder
 from avatar.llm.session import ConversationStore, MemoryStore, StoreError, bound_context
 from avatar.llm.stream import Chunk, SentenceSplitter
-from avatar.llm.template import MAX_PROMPT_CHARS, Message, parse_messages, with_persona
+from avatar.llm.template import (
+    MAX_PROMPT_CHARS,
+    Message,
+    grounded,
+    parse_messages,
+    with_persona,
+)
 from avatar.llm.tokenizer import Tokenizer
 from avatar.sentences import ends_sentence, spoken_text
 from avatar.session_tokens import SessionTokens, resolve
@@ -88,6 +94,8 @@ class ChatRequest:
     sampling: SamplingParams
     session_token: str = ""  # what the caller holds (returned in the final stats)
     memory_error: str = ""  # the store failed to give the history: answered without it
+    # what the session keeps of the prompt (without this turn's passages); None: messages
+    remembered: list[Message] | None = None
 
 
 class ChatEngine:
@@ -157,10 +165,17 @@ class ChatEngine:
         session_id: str = "",
         sampling_json: str = "",
         parent_session_id: str = "",
+        context: str = "",
     ) -> ChatRequest:
         """Decode and validate a request; raise RequestError saying what is wrong. A session
         with no memory yet starts from `parent_session_id`'s (a fork: the gateway's
-        speculative turn answers in a copy of the conversation, kept only if confirmed)."""
+        speculative turn answers in a copy of the conversation, kept only if confirmed).
+        `context`: the operator's passages for this turn, read with the last user message
+        (`template.grounded`) and left out of what the session remembers."""
+        if len(context) > self.config.max_prompt_chars:
+            raise RequestError(
+                f"context has {len(context)} characters; at most {self.config.max_prompt_chars}"
+            )
         token, session_id = resolve(self.tokens, session_id)
         _, parent_session_id = resolve(
             self.tokens, parent_session_id, "parent_session_id", allow_new=False
@@ -193,8 +208,14 @@ class ChatEngine:
                 f"max_tokens {sampling.max_tokens} leaves no room for the prompt in a "
                 f"context of {self.config.context_tokens} tokens"
             )
+        question = full[-1]
+        if context.strip():
+            if question.role != "user":
+                raise RequestError("context needs the last message to be the user's")
+            full[-1] = Message("user", grounded(question.content, context.strip()))
         full = bound_context(full, self.count_tokens, budget)
-        return ChatRequest(full, new, session_id, sampling, token, memory_error)
+        memory = [*full[:-1], question]  # the passages are this turn's only
+        return ChatRequest(full, new, session_id, sampling, token, memory_error, memory)
 
     def count_tokens(self, messages: list[Message]) -> int:
         return self.backend.count_tokens(messages)
@@ -304,7 +325,8 @@ class ChatEngine:
         answer = answer.strip()
         reply = [Message("assistant", answer)] if answer else []
         try:
-            self.sessions.save(request.session_id, [*request.messages, *reply])
+            kept = request.messages if request.remembered is None else request.remembered
+            self.sessions.save(request.session_id, [*kept, *reply])
         except StoreError as error:
             return str(error)
         return ""

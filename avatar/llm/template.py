@@ -145,3 +145,10 @@ class ChatTemplate:
         if not full.startswith(prefix):
             return "", full
         return prefix, full[len(prefix) :]
+
+
+def grounded(question: str, context: str) -> str:
+    """The user's message as the LLM reads it with the operator's passages (`context`): the
+    form the packaged SmolLM2-135M answered best from (docs/knowledge.md). Only the prompt
+    holds it; the conversation remembers the question alone."""
+    return f"{context}\nAnswer this question with the information: {question}"

@@ -160,6 +160,7 @@ class _Chat:
             request.session_id,
             json.dumps(llm_sampling(request, knowledge=self.knowledge_sampling)),
             request.parent_session_id,
+            request.context,
         )
         events: queue.Queue[Event] = queue.Queue()
         self.engine.submit(parsed, events.put, stop, request.turn_id)

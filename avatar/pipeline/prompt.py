@@ -1,14 +1,13 @@
-"""The `llm` model's request for a turn: its messages and sampling, with the operator's
-passages placed where the `llm` engine accepts them from its caller.
+"""The `llm` model's request for a turn: its messages, its sampling and the operator's
+passages.
 
-Placement: the `llm` engine takes a caller's system message as a replacement of its
-persona (avatar/llm/engine.py `parse`), and the `avatar` model does not know that persona
-(the `llm` model's configuration or persona file). So the passages go into the user's
-message, before the question, in the form the packaged SmolLM2-135M answered best from
-(`python -m perf knowledge`, docs/knowledge.md): "Information: ... / Answer this question
-with the information: ...". A turn with passages is also sampled greedily and without the
-repetition penalty, which otherwise penalises the very tokens of the passage the answer
-must repeat (the sampler counts the prompt's tokens).
+The passages go in the `llm` model's `context` input: the engine reads them with the
+user's message, in the form the packaged SmolLM2-135M answered best from (`python -m perf
+knowledge`, docs/knowledge.md: "Information: ... / Answer this question with the
+information: ..."), and the session remembers the question without them. A turn with
+passages is also sampled greedily and without the repetition penalty, which otherwise
+penalises the very tokens of the passage the answer must repeat (the sampler counts the
+prompt's tokens).
 """
 
 from __future__ import annotations
@@ -23,14 +22,11 @@ from avatar.pipeline.request import TurnRequest
 KNOWLEDGE_SAMPLING: Mapping[str, Any] = {"temperature": 0.0, "repetition_penalty": 1.0}
 
 
-def user_content(text: str, context: str, language: str = "") -> str:
-    """The user's message: their words, after the passages when there are any, and before
-    the instruction to answer in their language when it is not English."""
+def user_content(text: str, language: str = "") -> str:
+    """The user's message: their words, then the instruction to answer in their language
+    when it is not English."""
     instruction = answer_instruction(language)
-    words = f"{text}\n{instruction}" if instruction else text
-    if not context:
-        return words
-    return f"{context}\nAnswer this question with the information: {words}"
+    return f"{text}\n{instruction}" if instruction else text
 
 
 def llm_messages(text: str, request: TurnRequest) -> list[dict[str, str]]:
@@ -38,8 +34,7 @@ def llm_messages(text: str, request: TurnRequest) -> list[dict[str, str]]:
     system message (when a trusted caller set one) and the user's message."""
     persona = request.controls.persona
     messages = [{"role": "system", "content": persona}] if persona else []
-    content = user_content(text, request.context, request.language)
-    messages.append({"role": "user", "content": content})
+    messages.append({"role": "user", "content": user_content(text, request.language)})
     return messages
 
 

@@ -173,6 +173,8 @@ class TritonPythonModel:
             inputs["session_id"] = _bytes(request.session_id)
         if request.parent_session_id:
             inputs["parent_session_id"] = _bytes(request.parent_session_id)
+        if request.context:
+            inputs["context"] = _bytes(request.context)
         pending, stats = "", {}
         replies = bls.stream(
             self.llm_model,

@@ -199,6 +199,7 @@ class TritonPythonModel:
                     _text(request, "session_id", optional=True),
                     _text(request, "sampling", optional=True),
                     _text(request, "parent_session_id", optional=True),
+                    _text(request, "context", optional=True),
                 )
                 self.engine.submit(
                     turn,

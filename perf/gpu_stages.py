@@ -382,7 +382,9 @@ def time_call(torch, device, call: Callable[[], Any], reps: int, warmup: int = 3
     return out
 
 
-def in_process(device_name: str, reps: int, batches: tuple[int, ...]) -> dict[str, Any]:
+def in_process(
+    device_name: str, reps: int, batches: tuple[int, ...], graphs: bool = False
+) -> dict[str, Any]:
     """Each network alone, no server: the floor the served stage is compared with."""
     import torch
 
@@ -391,7 +393,7 @@ def in_process(device_name: str, reps: int, batches: tuple[int, ...]) -> dict[st
     results: dict[str, Any] = {}
     for stage in STAGES.values():
         try:
-            results[stage.name] = _time_stage(torch, device, stage, reps, batches)
+            results[stage.name] = _time_stage(torch, device, stage, reps, batches, graphs=graphs)
         except Exception as exc:  # report and go on: one failing stage is not all
             log.exception("stage %s failed", stage.name)
             results[stage.name] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
@@ -400,7 +402,9 @@ def in_process(device_name: str, reps: int, batches: tuple[int, ...]) -> dict[st
     return results
 
 
-def _time_stage(torch, device, stage: Stage, reps: int, batches: tuple[int, ...]) -> dict:
+def _time_stage(
+    torch, device, stage: Stage, reps: int, batches: tuple[int, ...], *, graphs: bool = False
+) -> dict:
     forward = stage.build(torch, device)
     rows = {}
     for batch in batches:
@@ -412,7 +416,28 @@ def _time_stage(torch, device, stage: Stage, reps: int, batches: tuple[int, ...]
         ids = _ids(torch, device, 1, PROMPT_TOKENS, 49152)
         empty = _kv(torch, device, (1, 60, 3, 0, 64))
         rows["prefill"] = summary(time_call(torch, device, lambda f=forward: f(ids, empty), reps))
+    if graphs and device.type == "cuda" and stage.name != "tts_vits":  # VITS: data-dependent
+        example = stage.example(torch, device, 1)
+        try:
+            rows["graph_batch1"] = summary(graph_replay_ms(torch, forward, example, reps))
+        except Exception as exc:  # e.g. a host sync inside the network: not capturable
+            rows["graph_batch1"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
     return rows
+
+
+def graph_replay_ms(torch, forward, inputs: dict[str, Any], reps: int) -> list[float]:
+    """The network captured once as a CUDA graph and replayed: its kernels without Python's
+    launch cost, about what a TensorRT engine's enqueue pays."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.inference_mode(), torch.cuda.stream(stream):
+        for _ in range(3):  # warm-up on the side stream, as capture requires
+            forward(**inputs)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.inference_mode(), torch.cuda.graph(graph):
+        forward(**inputs)
+    return time_call(torch, torch.device("cuda"), graph.replay, reps)
 
 
 # --- Triton: a repository of stage models and one BLS chain --------------------------------
@@ -579,6 +604,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--skip-served", action="store_true", help="the networks alone only")
+    parser.add_argument(
+        "--graphs", action="store_true", help="also each network replayed as a CUDA graph"
+    )
     parser.add_argument("--out", type=Path, default=OUT, help="the figures as JSON")
     parser.set_defaults(func=run)
 
@@ -592,7 +620,7 @@ def run(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {"device": args.device, "torch": torch.__version__}
     if args.device == "cuda":
         report["gpu"] = torch.cuda.get_device_name(0)
-    report["in_process"] = in_process(args.device, args.reps, tuple(args.batches))
+    report["in_process"] = in_process(args.device, args.reps, tuple(args.batches), args.graphs)
     print(json.dumps({"in_process": report["in_process"]}, indent=1), flush=True)
     if not args.skip_served:
         try:

@@ -75,7 +75,7 @@ class Stage:
 # --- the networks --------------------------------------------------------------------------
 
 
-def _whisper(size: str):
+def _whisper(size: str, **overrides: int):
     from transformers import WhisperConfig, WhisperForConditionalGeneration
 
     dims = {"base": (512, 6, 8, 2048), "tiny": (384, 4, 6, 1536)}[size]
@@ -90,63 +90,44 @@ def _whisper(size: str):
         decoder_ffn_dim=ffn,
         vocab_size=51865,
         num_mel_bins=80,
+        **overrides,
     )
     return WhisperForConditionalGeneration(config).eval()
 
 
+def _float(torch, device):
+    """The networks' float type: FP16 on a GPU (as the TensorRT engines run), FP32 else."""
+    return torch.float16 if device.type == "cuda" else torch.float32
+
+
 def _half(torch, module, device):
-    dtype = torch.float16 if device.type == "cuda" else torch.float32
-    return module.to(device=device, dtype=dtype).eval(), dtype
+    return module.to(device=device, dtype=_float(torch, device)).eval()
 
 
 def _asr_encoder(torch, device):
     from export.asr.modules import WhisperEncoderExport
 
-    net, _ = _half(torch, WhisperEncoderExport(_whisper("base")), device)
+    net = _half(torch, WhisperEncoderExport(_whisper("base")), device)
     return lambda mel: net(mel)[1:]
 
 
 def _asr_decoder(torch, device):
     from export.asr.modules import WhisperDecoderExport
 
-    net, _ = _half(torch, WhisperDecoderExport(_whisper("base")), device)
-    return net
+    return _half(torch, WhisperDecoderExport(_whisper("base")), device)
 
 
 def _turn_detector(torch, device):
-    from export.asr.modules import WhisperEncoderExport
-
-    whisper = _whisper("tiny")
-    net, _ = _half(torch, WhisperEncoderExport(whisper), device)
-    head, _ = _half(torch, torch.nn.Linear(384, 1), device)
+    # Smart Turn: a Whisper-tiny encoder over 8 s, its states pooled, one logit, a sigmoid
+    whisper = _whisper("tiny", max_source_positions=TURN_FRAMES // 2)
+    encoder = _half(torch, whisper.model.encoder, device)
+    head = _half(torch, torch.nn.Linear(384, 1), device)
 
     def forward(mel):
-        # Smart Turn: the encoder's states pooled, one logit, a sigmoid.
-        hidden = net.encoder.layer_norm(_encoder_states(torch, net, mel))
+        hidden = encoder(mel).last_hidden_state
         return (torch.sigmoid(head(hidden.mean(dim=1))),)
 
     return forward
-
-
-def _encoder_states(torch, net, mel):
-    from torch.nn import functional as F  # noqa: N812
-
-    enc = net.encoder
-    x = F.gelu(enc.conv1(mel))
-    x = F.gelu(enc.conv2(x)).transpose(1, 2)
-    x = x + enc.embed_positions.weight[: x.shape[1]]
-    for layer in enc.layers:
-        h = layer.self_attn_layer_norm(x)
-        att = layer.self_attn
-        b, t, d = h.shape
-        q, k, v = (
-            p(h).reshape(b, t, net.heads, d // net.heads).transpose(1, 2)
-            for p in (att.q_proj, att.k_proj, att.v_proj)
-        )
-        a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, d)
-        x = x + att.out_proj(a)
-        x = x + layer.fc2(F.gelu(layer.fc1(layer.final_layer_norm(x))))
-    return x
 
 
 class _LlamaStep:
@@ -181,7 +162,7 @@ class _LlamaStep:
                 "norm": nn.RMSNorm(self.WIDTH),
             }
         )
-        self.net, self.dtype = _half(torch, body, device)
+        self.net = _half(torch, body, device)
         inv = 1.0 / (100000.0 ** (torch.arange(0, dh, 2, device=device).float() / dh))
         self.inv_freq = inv
 
@@ -228,7 +209,7 @@ def _emotion_encoder(torch, device):
     config = BertConfig(
         hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536
     )
-    net, _ = _half(torch, BertModel(config), device)
+    net = _half(torch, BertModel(config), device)
 
     def forward(input_ids):
         states = net(input_ids=input_ids).last_hidden_state
@@ -267,8 +248,7 @@ def _lipsync(torch, device):
 
 
 def _mel(torch, device, batch, frames):
-    dtype = torch.float16 if device.type == "cuda" else torch.float32
-    return torch.randn(batch, 80, frames, device=device, dtype=dtype)
+    return torch.randn(batch, 80, frames, device=device, dtype=_float(torch, device))
 
 
 def _ids(torch, device, batch, n, vocab):
@@ -277,8 +257,7 @@ def _ids(torch, device, batch, n, vocab):
 
 def _kv(torch, device, shape: tuple[int, ...]):
     """A KV cache [B, 2L, heads, past, Dh] of small random values."""
-    dtype = torch.float16 if device.type == "cuda" else torch.float32
-    return torch.randn(*shape, device=device, dtype=dtype) * 0.1
+    return torch.randn(*shape, device=device, dtype=_float(torch, device)) * 0.1
 
 
 FP, I64 = "fp16", "int64"

@@ -19,7 +19,6 @@ import dataclasses
 import itertools
 import logging
 import math
-import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -36,6 +35,7 @@ from avatar.knowledge.passages import (
     document_files,
     load_passages,
 )
+from avatar.sentences import split_sentences
 
 log = logging.getLogger(__name__)
 
@@ -94,14 +94,6 @@ def estimate_tokens(text: str) -> int:
     letters = sum(c.isalpha() and c.isascii() for c in text)
     spaces = sum(a.isspace() and not b.isalpha() for a, b in itertools.pairwise(text))
     return digits + other + 3 * wide + spaces + math.ceil(letters / 2.5)
-
-
-_SENTENCE_END = re.compile(r"(?<=[.!?。！？])\s+|\n+")
-
-
-def split_sentences(text: str) -> list[str]:
-    """A passage's sentences (a line break ends one too: lists, opening hours)."""
-    return [s.strip() for s in _SENTENCE_END.split(text) if s.strip()]
 
 
 def format_context(passages: Sequence[Passage]) -> str:

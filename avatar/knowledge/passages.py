@@ -18,13 +18,14 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+from avatar.sentences import split_sentences
+
 SUFFIXES = (".md", ".markdown", ".txt")
 MAX_PASSAGE_CHARS = 480
 MAX_FILE_BYTES = 1_000_000  # an operator's page of facts, not a book: larger files are refused
 MAX_FILES = 1000
 
 _HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 _MARKUP = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s+")  # a list item's bullet
 
 
@@ -122,7 +123,7 @@ def _bounded(paragraph: str, max_chars: int) -> Iterator[str]:
     if len(paragraph) <= max_chars:
         yield paragraph
         return
-    for sentence in _SENTENCE_END.split(paragraph):
+    for sentence in split_sentences(paragraph):
         rest = sentence
         while len(rest) > max_chars:  # one very long sentence: cut at a space
             cut = rest.rfind(" ", 0, max_chars + 1)

@@ -79,7 +79,8 @@ class SentenceBudget:
             if self.spent:
                 break
             kept.append(chunk)
-            if chunk.sentence and spoken_text(chunk.sentence) and ends_sentence(chunk.sentence):
+            said = spoken_text(chunk.sentence or "")
+            if said and ends_sentence(said):
                 self.count += 1
         return kept
 
@@ -214,7 +215,8 @@ class ChatEngine:
                 raise RequestError("context needs the last message to be the user's")
             full[-1] = Message("user", grounded(question.content, context.strip()))
         full = bound_context(full, self.count_tokens, budget)
-        memory = [*full[:-1], question]  # the passages are this turn's only
+        # the passages are this turn's only: the session keeps the question as asked
+        memory = [*full[:-1], question] if context.strip() else None
         return ChatRequest(full, new, session_id, sampling, token, memory_error, memory)
 
     def count_tokens(self, messages: list[Message]) -> int:

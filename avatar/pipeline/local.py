@@ -191,21 +191,14 @@ def _speaker(path: Path, threads: int) -> Callable[[str, TurnRequest], Iterator[
     from avatar.tts.phonemes import Phonemizer
     from avatar.tts.synth import Controls, Synthesizer, onnx_infer
     from avatar.tts.voice import packaged_voice
-    from avatar.tts.voices import FALLBACK_ESPEAK, EspeakSpeaker, PiperSpeaker, Speaker
+    from avatar.tts.voices import PiperSpeaker, Voices, fallback_speakers
 
-    voice = packaged_voice().config
-    synth = Synthesizer(Phonemizer(voice), onnx_infer(_session(path, threads)))
-    speakers: dict[str, Speaker] = {"en": PiperSpeaker("en", synth, "packaged Piper voice")}
-    fallbacks = {
-        code: (lambda c=code, v=v: EspeakSpeaker(c, v)) for code, v in FALLBACK_ESPEAK.items()
-    }
-    voices = ("en", *fallbacks)
+    synth = Synthesizer(Phonemizer(packaged_voice().config), onnx_infer(_session(path, threads)))
+    english = PiperSpeaker("en", synth, "packaged Piper voice")
+    voices = Voices({"en": english, **fallback_speakers()})
 
     def speak(text: str, request: TurnRequest) -> Iterator[Speech]:
-        language = speech_language(text, request.language, voices)
-        if language not in speakers:  # espeak-ng's voice loads on first use
-            speakers[language] = fallbacks[language]()
-        speaker = speakers[language]
+        speaker = voices.speaker(speech_language(text, request.language, voices.languages))
         controls = Controls.defaults(speaker.config, seed=request.controls.seed)
         for unit in speaker.units(text):
             piece = speaker.speak(unit, controls)

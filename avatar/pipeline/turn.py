@@ -230,9 +230,8 @@ def run_turn(
     if request.audio is not None:
         started = time.perf_counter()
         heard = stages.transcribe(request.audio)  # a failure fails the turn
-        if isinstance(heard, Heard):
-            heard_language = heard.language or heard_language
-        transcript = str(heard.text if isinstance(heard, Heard) else heard).strip()
+        heard = heard if isinstance(heard, Heard) else Heard(heard)
+        transcript, heard_language = heard.text.strip(), heard.language or heard_language
         timings.add("asr", started)
     # the reply is asked for, and its sentences spoken, in the user's language
     request = dataclasses.replace(request, language=turn_language(transcript, heard_language))

@@ -187,6 +187,12 @@ def parse_voices(value: str) -> dict[str, PiperVoiceSetting]:
     return out
 
 
+def fallback_speakers() -> dict[str, Speaker]:
+    """espeak-ng's voice for each language of FALLBACK_ESPEAK (its library loads at the
+    first synthesis, so building them costs nothing)."""
+    return {code: EspeakSpeaker(code, voice) for code, voice in FALLBACK_ESPEAK.items()}
+
+
 class Voices:
     """The speakers of a `tts` model by language, built once at load."""
 
@@ -224,8 +230,8 @@ class Voices:
                 code, synth, f"Piper {setting.voice.name} via {setting.model}"
             )
         if fallback:
-            for code, espeak_voice in FALLBACK_ESPEAK.items():
-                speakers.setdefault(code, EspeakSpeaker(code, espeak_voice))
+            for code, speaker in fallback_speakers().items():
+                speakers.setdefault(code, speaker)
         for code, speaker in speakers.items():
             log.info("tts: %s -> %s", code, speaker.description)
         return cls(speakers)

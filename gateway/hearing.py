@@ -19,6 +19,7 @@ import numpy as np
 
 from avatar.asr.agreement import common_prefix
 from avatar.live_protocol import INPUT_RATE
+from avatar.pipeline.priority import AsrPass, current_pass
 from avatar.vad import CHUNK_S
 from gateway.triton_client import Transcript
 
@@ -160,6 +161,9 @@ class Hearing:
         return heard
 
     async def _pass(self, audio: np.ndarray, prefix: list[int]) -> Transcript:
+        # this task's passes are captions: Triton serves them after the passes a reply
+        # waits for (avatar.pipeline.priority)
+        current_pass.set(AsrPass.CAPTION)
         heard = await self._heard(audio, prefix, self.language)
         if asyncio.current_task() is self.task:  # still this utterance's
             await self._caption(heard.text, audio, at_pause=False)
@@ -194,6 +198,7 @@ class Hearing:
 
     async def _pause_pass(self, audio: np.ndarray) -> AtPause:
         prefix = self.prefix  # read when it runs: a pass that has just ended may have agreed
+        current_pass.set(AsrPass.PAUSE)  # a reply may start from it: served first
         with self.budget.pause():
             heard = await self._heard(audio, prefix, None)
         text = heard.text.strip()

@@ -17,6 +17,7 @@ from avatar.credentials import KEY_HEADER, grpc_key_headers
 from avatar.end_of_turn import turn_features
 from avatar.pipeline import schema
 from avatar.pipeline.events import TurnEvent
+from avatar.pipeline.priority import PASS_PARAMETER, PRIORITY, AsrPass, current_pass
 from avatar.session_tokens import affinity_headers
 from avatar.vad import OUTPUTS as VAD_OUTPUTS
 from avatar.vad import VadStream
@@ -198,9 +199,13 @@ class TritonClient:
         language: str | None = None,
         *,
         session: str = "",
+        kind: AsrPass | None = None,
     ) -> Transcript:
         """The `asr` model's transcript of `audio` (16 kHz); `prefix`: the tokens earlier
-        passes agreed on; `language`: None to detect it."""
+        passes agreed on; `language`: None to detect it; `kind`: what the pass is for (None:
+        the calling task's, avatar.pipeline.priority.current_pass), which sets its priority
+        level in the model's queue (captions after the passes a reply waits for)."""
+        kind = kind or current_pass.get()
         inputs: dict[str, np.ndarray] = {"audio": np.asarray(audio, np.float32)[None]}
         if prefix:
             inputs["prefix"] = np.array([list(prefix)], np.int32)
@@ -211,6 +216,8 @@ class TritonClient:
             _inputs(inputs),
             outputs=_outputs(ASR_OUTPUTS),
             headers=self._headers(session),
+            priority=PRIORITY[kind],
+            parameters={PASS_PARAMETER: kind.value},
         )
         tokens = [int(t) for t in result.as_numpy("tokens").reshape(-1)]
         return Transcript(

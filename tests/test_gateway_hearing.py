@@ -9,8 +9,10 @@ import asyncio
 import numpy as np
 from test_gateway_turns import FakeTriton, Socket
 
+from avatar.pipeline.priority import AsrPass, current_pass
 from avatar.vad import CHUNK, CHUNK_S
 from gateway.hearing import Hearing, PassBudget
+from gateway.triton_client import Transcript
 
 
 def _speech(chunks: int) -> np.ndarray:
@@ -159,3 +161,25 @@ def test_under_load_no_pass_while_speaking_starts() -> None:
     budget.untrack(second)
     assert budget.has_room()
     assert PassBudget(limit=1).has_room()  # no limit by default in the class
+
+
+def test_captions_and_the_pause_pass_say_what_they_are() -> None:
+    """Each pass runs in its own task marked with its kind, which the Triton client sends
+    as its priority level: captions after the pause's pass (avatar.pipeline.priority)."""
+    kinds: list[AsrPass] = []
+
+    async def transcribe(audio, prefix, language) -> Transcript:
+        kinds.append(current_pass.get())
+        return Transcript("Hello there.", [1, 2], "en")
+
+    async def scenario() -> None:
+        hearing = Hearing(
+            transcribe, PassBudget(), Socket().send_json, every_s=1.0, detect_language_s=0.0
+        )
+        await _speak(hearing, 70)
+        hearing.paused(_speech(90))
+        assert (await hearing.end()).text == "Hello there."
+        hearing.close()
+
+    asyncio.run(scenario())
+    assert kinds == [AsrPass.CAPTION, AsrPass.PAUSE]

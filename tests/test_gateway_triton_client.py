@@ -12,6 +12,7 @@ from test_turn_schema import grpc_result
 
 from avatar.pipeline import schema
 from avatar.pipeline.events import FinalEvent, SentenceEvent, TranscriptEvent
+from avatar.pipeline.priority import CAPTIONS, FIRST_AUDIO, AsrPass, current_pass
 from avatar.pipeline.runner import event_tensors
 from avatar.vad import CHUNK, CONTEXT, STATE_SHAPE, VadStream
 from gateway.triton_client import TritonClient, TurnError
@@ -45,9 +46,11 @@ class FakeGrpc:
         self.answers, self.stream = answers, stream
         self.sent: list[tuple[str, dict, list[str]]] = []
         self.headers: list[tuple[str, dict]] = []  # (model or "stream", headers) per call
+        self.options: list[tuple[str, dict]] = []
 
-    async def infer(self, model, inputs, outputs=None, headers=None):
+    async def infer(self, model, inputs, outputs=None, headers=None, **options):
         self.headers.append((model, headers))
+        self.options.append((model, options))  # priority, parameters
         sent = {i.name(): (i.datatype(), i.shape()) for i in inputs}
         self.sent.append((model, sent, [o.name() for o in outputs]))
         return grpc_result(self.answers[model])
@@ -106,6 +109,39 @@ def test_a_transcript_with_a_prefix_and_a_language() -> None:
         "language": ("BYTES", [1, 1]),
     }
     assert plain == {"audio": ("FP32", [1, 800])}
+
+
+def test_a_pass_carries_its_priority_level_and_kind() -> None:
+    """Captions go after the passes a reply waits for in the `asr` model's queue (its
+    priority levels); the kind travels as the request parameter "pass". The calling task's
+    kind (avatar.pipeline.priority.current_pass) is the default: gateway/hearing.py sets it
+    in each pass's task."""
+    answers = {
+        "asr": {
+            "text": np.array([[" Hi."]], object),
+            "tokens": np.array([[50]], np.int32),
+            "detected_language": np.array([[b"en"]], object),
+        }
+    }
+    grpc = FakeGrpc(answers)
+    client = TritonClient(grpc)
+
+    async def caption():
+        current_pass.set(AsrPass.CAPTION)
+        return await client.transcribe(np.zeros(800, np.float32))
+
+    async def calls():
+        await client.transcribe(np.zeros(800, np.float32))  # unset: a pause's pass
+        await asyncio.create_task(caption())
+        await client.transcribe(np.zeros(800, np.float32), kind=AsrPass.FINAL)
+
+    asyncio.run(calls())
+    assert [options for _, options in grpc.options] == [
+        {"priority": FIRST_AUDIO, "parameters": {"pass": "pause"}},
+        {"priority": CAPTIONS, "parameters": {"pass": "caption"}},
+        {"priority": FIRST_AUDIO, "parameters": {"pass": "final"}},
+    ]
+    assert FIRST_AUDIO < CAPTIONS  # Triton serves level 1 first
 
 
 def _sentence() -> SentenceEvent:

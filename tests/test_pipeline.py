@@ -382,3 +382,36 @@ def test_the_pieces_of_a_sentence_go_out_as_they_are_synthesised():
         "One long sentence,",
         "then its second half.",
     ]
+
+
+def test_later_sentences_go_to_tts_just_ahead_of_playback():
+    """With speak_ahead_s, a later sentence's TTS waits until the audio already sent is at
+    most that far ahead of playback (from the first audio), so that a turn does not
+    synthesise its whole reply at once while other turns wait for their first audio; a
+    barge-in still stops the wait at once."""
+    reply = ("Hello there, friend.", "I am fine.", "And you?")  # 0.7, 0.5, 0.46 s of audio
+    fake = FakeStages(reply)
+    events, final = run(fake, config=PipelineConfig(speak_ahead_s=0.2))
+    tts = [at for stage, _, at in fake.log if stage == "tts"]
+    sentences = [e for e in events if isinstance(e, SentenceEvent)]
+    assert len(sentences) == 3 and not final.errors
+    # the 2nd waits until the 1st's audio is 0.2 s from its end; the 3rd for the 2nd's
+    assert tts[1] - tts[0] == pytest.approx(sentences[1].start - 0.2, abs=0.08)
+    assert tts[2] - tts[0] == pytest.approx(sentences[2].start - 0.2, abs=0.08)
+    assert final.timings["paced_ms"] > 900
+
+    fake = FakeStages(reply)  # off (0): each sentence as soon as the LLM wrote it
+    run(fake, config=PipelineConfig(speak_ahead_s=0.0))
+    tts = [at for stage, _, at in fake.log if stage == "tts"]
+    assert tts[2] - tts[0] < 0.1
+
+    fake, stop = FakeStages(reply), threading.Event()
+    threading.Timer(0.3, stop.set).start()  # a barge-in while the 2nd sentence waits
+    started = time.perf_counter()
+    events, final = run(
+        fake,
+        cancelled=lambda: "client" if stop.is_set() else "",
+        config=PipelineConfig(speak_ahead_s=0.05),
+    )
+    assert time.perf_counter() - started < 0.5
+    assert [e.text for e in events if isinstance(e, SentenceEvent)] == [reply[0]]

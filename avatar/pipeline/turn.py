@@ -102,6 +102,11 @@ class PipelineConfig:
     # the reply's sentence budget (0: none); a persona may set another
     max_sentences: int = 3
     hold: HoldConfig = DEFAULT_HOLD  # when the face's emotion may change
+    # a later sentence goes to TTS once the audio already sent is at most this many
+    # seconds ahead of its playback (which starts when the first audio is sent), so that
+    # a turn's later sentences do not take the cores from other turns' first audio;
+    # 0: each as soon as the LLM wrote it
+    speak_ahead_s: float = 0.0
 
 
 @dataclasses.dataclass
@@ -261,15 +266,18 @@ def run_turn(
     sentences = _sentences(producer, config, errors, cancelled, llm_failed)
     position = 0.0  # turn clock (s)
     index = 0
+    playback = _Playback(config.speak_ahead_s)
     for text in sentences:
         reason = cancelled()
         if reason:
             break
+        playback.wait(position, cancelled)
         for event in _speak_sentence(text, index, position, turn):
             if cancelled():
                 break
             emit(event)  # the voice and the face's blendshapes go out before any pixels
             timings.mark(*_firsts(event))
+            playback.started(event)
             said.append(event.text)
             position += event.duration
             index += 1
@@ -295,11 +303,43 @@ def run_turn(
             timings.values["llm_stats"] = producer.stats
     timings.mark("total")
     timings.values.update(sentences=index, audio_s=round(position, 3), language=request.language)
+    if playback.waited_s:
+        timings.values["paced_ms"] = round(playback.waited_s * 1000.0, 1)
     final = FinalEvent(
         transcript, " ".join(said), reason, errors, timings.values, request.session_id
     )
     emit(final)
     return final
+
+
+class _Playback:
+    """The listener's playback of the turn's audio, as the turn sees it: it starts when the
+    first audio is sent. `wait(position)` holds the next sentence until the audio sent
+    (up to `position` s on the turn clock) is at most `ahead_s` ahead of it."""
+
+    def __init__(self, ahead_s: float) -> None:
+        self.ahead_s = ahead_s
+        self.t0: float | None = None  # when the first audio went out
+        self.waited_s = 0.0
+
+    def started(self, event: SentenceEvent) -> None:
+        if self.t0 is None and event.audio.size:
+            self.t0 = time.perf_counter()
+
+    def lead(self, position: float) -> float:
+        """Seconds of sent audio not yet played."""
+        return 0.0 if self.t0 is None else position - (time.perf_counter() - self.t0)
+
+    def wait(self, position: float, cancelled: Callable[[], str]) -> None:
+        if self.ahead_s <= 0 or self.t0 is None:
+            return
+        started = time.perf_counter()
+        while not cancelled():
+            early = self.lead(position) - self.ahead_s
+            if early <= 0:
+                break
+            time.sleep(min(early, 0.05))  # short: a barge-in is seen within 50 ms
+        self.waited_s += time.perf_counter() - started
 
 
 def _with_knowledge(

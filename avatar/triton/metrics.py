@@ -66,8 +66,8 @@ class _Counter:
         family = _family(name, description, pb_utils.MetricFamily.COUNTER)
         self._metric = family.Metric(labels=labels)
 
-    def increment(self) -> None:
-        self._metric.increment(1.0)
+    def increment(self, value: float = 1.0) -> None:
+        self._metric.increment(value)
 
 
 class Counter(_Counter):
@@ -90,3 +90,34 @@ class Failures(_Counter):
             "Failures a python-backend model survived (the request was still answered)",
             {"model": model, "what": what},
         )
+
+
+class PassCost:
+    """What one kind of ASR pass (avatar.pipeline.priority.AsrPass) cost a model: passes,
+    their audio seconds and the seconds of the model's executions they were served in
+    (a batch's time split by the rows' audio), so that a benchmark can tell the live
+    captions' cost from the passes a reply waits for:
+
+        avatar_asr_passes_total{model="asr",pass="caption"} 12
+        avatar_asr_pass_audio_seconds_total{model="asr",pass="caption"} 31.5
+        avatar_asr_pass_seconds_total{model="asr",pass="caption"} 4.2
+    """
+
+    def __init__(self, model: str, kind: str):
+        labels = {"model": model, "pass": kind}
+        self.passes = _Counter("avatar_asr_passes_total", "ASR passes served, by kind", labels)
+        self.audio = _Counter(
+            "avatar_asr_pass_audio_seconds_total",
+            "Audio seconds of the ASR passes, by kind",
+            labels,
+        )
+        self.seconds = _Counter(
+            "avatar_asr_pass_seconds_total",
+            "Execution seconds of the ASR passes (a batch's split by audio), by kind",
+            labels,
+        )
+
+    def add(self, audio_s: float, seconds: float) -> None:
+        self.passes.increment()
+        self.audio.increment(audio_s)
+        self.seconds.increment(seconds)

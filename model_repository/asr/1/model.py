@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from pathlib import Path
@@ -19,6 +20,7 @@ from avatar.asr.sequences import SequenceWindows, WindowStep
 from avatar.asr.transcribe import AsrOptions, Transcript, check_audio, transcribe
 from avatar.asr.vocab import WhisperVocab
 from avatar.errors import RequestError
+from avatar.pipeline.priority import AsrPass, pass_of, shares
 from avatar.triton.bls import (
     cancellation_check,
     cancelled_response,
@@ -29,6 +31,7 @@ from avatar.triton.bls import (
     sequence_flags,
 )
 from avatar.triton.diagnostics import enable_crash_reports
+from avatar.triton.metrics import PassCost
 from avatar.triton.params import ModelParameters
 from avatar.vad import OUTPUTS, speech_probabilities, speech_segments
 
@@ -125,6 +128,8 @@ class TritonPythonModel:
             raise ValueError(
                 f"asr: parameter segmentation={self.segmentation!r} not in {SEGMENTATION}"
             )
+        name = json.loads(args["model_config"]).get("name", "asr")
+        self.costs = {kind: PassCost(name, kind.value) for kind in AsrPass}
         self.runtime = TritonWhisperRuntime(
             params.str("encoder_model", "asr_encoder"),
             params.str("decoder_model", "asr_decoder"),
@@ -172,6 +177,26 @@ class TritonPythonModel:
         return [(s.start_s, s.end_s) for s in speech_segments(probs)]
 
     def execute(self, requests: list) -> list:
+        started = time.perf_counter()
+        responses = self._execute(requests)
+        self._count(requests, time.perf_counter() - started)
+        return responses
+
+    def _count(self, requests: list, seconds: float) -> None:
+        """This execution's seconds split over its requests' pass kinds by audio length."""
+        kinds, audio_s = [], []
+        for request in requests:
+            try:
+                kinds.append(pass_of(json.loads(request.parameters() or "{}")))
+                audio = input_array(request, "audio", optional=True)
+                audio_s.append(0.0 if audio is None else audio.size / 16_000)
+            except Exception:  # a malformed request still counts, as a final pass
+                kinds.append(AsrPass.FINAL)
+                audio_s.append(0.0)
+        for kind, audio, share in zip(kinds, audio_s, shares(seconds, audio_s), strict=True):
+            self.costs[kind].add(audio, share)
+
+    def _execute(self, requests: list) -> list:
         parsed: list = []
         for request in requests:
             try:

@@ -8,6 +8,7 @@
   asr-prefix  ASR passes while the user speaks: WER, time left -> build/perf/asr_prefix/
   asr-tiny  Whisper tiny.en vs base for captions: WER, ms -> build/perf/asr_tiny/
   latency   spoken questions in real time, 1/2/4 sessions, today vs release -> build/perf/latency/
+  capacity  paced live sessions 1..8, default flags: sessions per machine -> build/perf/capacity/
   endpointing  end-of-speech silence vs questions cut early -> build/perf/endpointing/
   first-piece  first TTS piece at a clause break vs a full stop -> build/perf/first_piece/
   llm-server  LLM tokens/s and ttft through Triton vs in-process -> build/perf/llm_server/
@@ -173,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         asr_server,
         asr_tiny,
         asr_windows,
+        capacity,
         endpointing,
         failover,
         first_piece,
@@ -194,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     latency.add_arguments(
         sub.add_parser("latency", help="spoken turns in real time: where the time goes")
+    )
+    capacity.add_arguments(
+        sub.add_parser("capacity", help="paced live sessions ramped: sessions per machine")
     )
     endpointing.add_arguments(
         sub.add_parser("endpointing", help="end-of-speech silence vs questions cut early")

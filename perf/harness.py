@@ -7,8 +7,8 @@
 - `at_concurrency(streams, requests, send)`: `streams` clients share the requests, each
   sending its share back to back; every request's latency, result or error is a `Sample`;
 - `Latency.of(seconds)`: the median and p95 of samples, as every benchmark reports them;
-  `playback_stall(arrivals)`: how long a player starting at the first audio waits for late
-  audio.
+  `playback(arrivals)`: how many pieces of audio come late for a player starting at the
+  first one, and how long it waits for them in all (`playback_stall`).
 """
 
 from __future__ import annotations
@@ -154,17 +154,32 @@ def at_concurrency(streams: int, requests: Sequence[R], send: Callable[[R], T]) 
     return Load(streams, samples, wall_s)
 
 
-def playback_stall(arrivals: Iterable[tuple[float, float]]) -> float:
-    """Seconds a player waits in all for late audio: it starts at the first piece's arrival
-    and plays each piece (arrival s, start on the turn clock s) at its start, pausing until
-    a late one arrives."""
+@dataclasses.dataclass(frozen=True)
+class Playback:
+    """A reply as a player that starts at its first audio hears it."""
+
+    late: int  # pieces that arrived after the time they were due to play
+    stall_s: float  # seconds the player waited for them, in all
+
+
+def playback(arrivals: Iterable[tuple[float, float]]) -> Playback:
+    """A player starts at the first piece's arrival and plays each piece (arrival s, start
+    on the turn clock s) at its start, pausing until a late one arrives (so one late
+    sentence is one late piece, not every piece after it)."""
     pieces = sorted(arrivals, key=lambda piece: piece[1])
     if not pieces:
-        return 0.0
-    t0, waited = min(at for at, _ in pieces), 0.0
+        return Playback(0, 0.0)
+    t0, waited, late = min(at for at, _ in pieces), 0.0, 0
     for at, start in pieces:
-        waited += max(0.0, at - (t0 + waited + start))
-    return waited
+        wait = max(0.0, at - (t0 + waited + start))
+        late += wait > 0
+        waited += wait
+    return Playback(late, waited)
+
+
+def playback_stall(arrivals: Iterable[tuple[float, float]]) -> float:
+    """Seconds a player waits in all for late audio (`playback`)."""
+    return playback(arrivals).stall_s
 
 
 def warm_up(send: Callable[[R], Any], requests: Sequence[R]) -> None:

@@ -59,7 +59,7 @@ import numpy as np
 from avatar.vad import END_SILENCE_S
 from evals.report import DEFAULT_OUT, plot_bars, write_rows
 from gateway.process import running_gateway
-from perf.harness import concurrently, playback_stall, serve
+from perf.harness import concurrently, playback, serve
 
 log = logging.getLogger(__name__)
 OUT = DEFAULT_OUT / "latency"
@@ -153,6 +153,7 @@ class TurnRow:
     first_audio: float | None = None
     first_frame: float | None = None
     stall: float | None = None  # ms the reply's playback waited for audio not yet there
+    late: int | None = None  # pieces of its audio that came after their time to play
     error: str = ""
 
 
@@ -197,35 +198,67 @@ def questions() -> list[tuple[str, np.ndarray]]:
     return [("human", c.audio) for c in human_clips()] + [("voice", c.audio) for c in voice]
 
 
+def question_of(items: list[tuple[str, np.ndarray]], session: int, index: int):
+    """The `index`-th question of speaker `session`: speakers start at different ones."""
+    return items[(session * 7 + index) % len(items)]
+
+
 SPEECH_DB = 26.0  # speech: 10-ms windows within this many dB of the clip's loudest
 
 
-def speech_end_s(audio: np.ndarray, rate: int = 16_000) -> float:
-    """Seconds from the start of `audio` to the end of its last speech window."""
+def speech_bounds_s(audio: np.ndarray, rate: int = 16_000) -> tuple[float, float]:
+    """Seconds from the start of `audio` to the start of its first speech window and to
+    the end of its last one."""
     hop = rate // 100
     windows = audio[: len(audio) // hop * hop].reshape(-1, hop)
     rms = np.sqrt((windows.astype(np.float64) ** 2).mean(axis=1)) + 1e-12
     loud = np.flatnonzero(20 * np.log10(rms / rms.max()) > -SPEECH_DB)
-    return float((loud[-1] + 1) * hop / rate) if len(loud) else len(audio) / rate
+    if not len(loud):
+        return 0.0, len(audio) / rate
+    return float(loud[0] * hop / rate), float((loud[-1] + 1) * hop / rate)
+
+
+def speech_end_s(audio: np.ndarray, rate: int = 16_000) -> float:
+    """Seconds from the start of `audio` to the end of its last speech window."""
+    return speech_bounds_s(audio, rate)[1]
+
+
+def speech_signal(audio: np.ndarray) -> np.ndarray:
+    """A question as the microphone sends it: LEAD_S of silence, then the speech."""
+    return np.concatenate([np.zeros(round(LEAD_S * 16_000), np.float32), audio])
+
+
+def frame_sent_at(reply, tag: str, seconds: float) -> float:
+    """When the 32-ms frame holding second `seconds` of the audio `tag` ("speech",
+    "barge_in") was sent, on the client clock: its first frame's send time + frames."""
+    from clients.live import CHUNK_S
+
+    step = round(CHUNK_S * 16_000)
+    return reply.at[f"{tag}_first_sent"] + int(seconds * 16_000) // step * CHUNK_S
 
 
 def spoken_turn(ws_url: str, row: TurnRow, audio: np.ndarray, seed: int) -> None:
     """One question through the live protocol; fills `row` (ms after the end of speech)."""
     import asyncio
 
-    from clients.live import CHUNK_S, converse
+    from clients.live import converse
 
-    signal = np.concatenate([np.zeros(round(LEAD_S * 16_000), np.float32), audio])
+    signal = speech_signal(audio)
     reply = asyncio.run(converse(ws_url, signal, controls={"seed": seed}, timeout_s=120.0))
+    measure_turn(row, reply, signal)
+
+
+def measure_turn(row: TurnRow, reply, signal: np.ndarray, *, barged: bool = False) -> None:
+    """Fills `row` from a `clients.live.LiveReply` of `signal` (sent from the key
+    `speech_first_sent` on): ms after the end of speech, the playback's late pieces; an
+    error when the turn failed or ended cancelled (but for a barge-in with `barged`)."""
     errors = [m["message"] for m in reply.of("error")]
     ends = reply.of("turn_end")
-    if errors or not ends or ends[0].get("cancelled"):
+    cancelled = ends[0].get("cancelled") if ends else None
+    if errors or not ends or (cancelled and not (barged and cancelled == "barge-in")):
         row.error = "; ".join(errors) or f"turn ended {ends[:1]}"
         return
-    # the frame holding the end of speech was sent this many frames after the first
-    step = round(CHUNK_S * 16_000)
-    last_frame = int(speech_end_s(signal) * 16_000) // step
-    speech_end = reply.at["speech_first_sent"] + last_frame * CHUNK_S
+    speech_end = frame_sent_at(reply, "speech", speech_end_s(signal))
 
     def after(key: str) -> float | None:
         at = reply.at.get(key)
@@ -248,8 +281,14 @@ def spoken_turn(ws_url: str, row: TurnRow, audio: np.ndarray, seed: int) -> None
         row.first_sentence = round(row.transcript_ms + piece, 1)
     row.first_audio = after("first_audio_turn1")
     row.first_frame = after("first_frames_turn1")
-    arrivals = zip(reply.audio_arrived, (chunk.start_s for chunk in reply.audio), strict=True)
-    row.stall = round(playback_stall(arrivals) * 1000, 1)
+    first = reply.audio[0].turn if reply.audio else None  # the turn that answered first
+    arrivals = [
+        (at, chunk.start_s)
+        for at, chunk in zip(reply.audio_arrived, reply.audio, strict=True)
+        if chunk.turn == first
+    ]
+    heard = playback(arrivals)
+    row.stall, row.late = round(heard.stall_s * 1000, 1), heard.late
 
 
 def run_level(
@@ -265,7 +304,7 @@ def run_level(
     def speaker(index: int) -> None:
         n = len(settings)
         for q in range(per_session * n):
-            source, audio = items[(index * 7 + q // n) % len(items)]
+            source, audio = question_of(items, index, q // n)
             # every setting gets every question; the order alternates per question
             setting = settings[(q + q // n + index) % n]
             row = TurnRow(sessions, setting, source, round(len(audio) / 16_000, 2), "")

@@ -21,6 +21,7 @@ import base64
 import dataclasses
 import hashlib
 import hmac
+import ipaddress
 import logging
 import secrets
 import time
@@ -67,10 +68,16 @@ class AccessTokens:
     def verify(self, token: str, origin: str) -> None:
         """RefusalError (unauthorized) unless `token` was minted for `origin` and is unexpired."""
         parts = token.split(".")
-        if len(parts) != 4 or parts[0] != _VERSION or not parts[1].isdigit():
+        # ASCII digits only: str.isdigit() also takes "²", which int() refuses
+        if (
+            len(parts) != 4
+            or parts[0] != _VERSION
+            or not (parts[1].isascii() and parts[1].isdigit() and len(parts[1]) <= 12)
+            or not (token.isascii() and token.isprintable())
+        ):
             raise RefusalError("unauthorized", "the access token is malformed", close=True)
         expiry, nonce, mac = int(parts[1]), parts[2], parts[3]
-        if not hmac.compare_digest(mac, self._mac(expiry, nonce, origin)):
+        if not hmac.compare_digest(mac.encode(), self._mac(expiry, nonce, origin).encode()):
             raise RefusalError("unauthorized", "the access token is not valid here", close=True)
         if expiry < self._clock():
             raise RefusalError(
@@ -80,8 +87,72 @@ class AccessTokens:
 
 def _host_of(origin: str) -> tuple[str, str]:
     """An Origin -> (scheme, host[:port]) ("", "") for "null" or garbage."""
-    parts = urlsplit(origin)
+    if not (origin.isascii() and origin.isprintable()):
+        return ("", "")
+    try:
+        parts = urlsplit(origin)
+    except ValueError:  # "http://[": an unclosed IPv6 bracket
+        return ("", "")
     return (parts.scheme, parts.netloc) if parts.scheme in ("http", "https") else ("", "")
+
+
+def host_name(host: str) -> str:
+    """A Host header (or an origin's host[:port]) -> its lower-case name without port or
+    trailing dot; "[::1]" keeps its brackets. "" for garbage."""
+    host = host.strip().lower()
+    if not (host.isascii() and host.isprintable()) or "@" in host or "/" in host:
+        return ""
+    if host.startswith("["):
+        end = host.find("]")
+        return host[: end + 1] if end > 0 else ""
+    return host.rsplit(":", 1)[0].rstrip(".") if host.count(":") <= 1 else ""
+
+
+def _is_ip_literal(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
+@dataclasses.dataclass(frozen=True)
+class Hosts:
+    """The host names the gateway answers to, as web frameworks' allowed-hosts lists do:
+    a page from any other name that resolves to the gateway's address (DNS rebinding: the
+    attacker's domain re-bound to it, loopback included) gets nothing, not even the page.
+    `names`: exact names, ".example.com" for it and its subdomains, "*" for any (only
+    behind a proxy that checks Host itself). Always allowed: localhost (and *.localhost),
+    and IP literals, which no DNS answer can re-bind; no Host at all (HTTP/1.0 health
+    checks; every browser sends one)."""
+
+    names: tuple[str, ...] = ()
+
+    def allows(self, host: str | None) -> bool:
+        if host is None:
+            return True
+        name = host_name(host)
+        if not name:
+            return False
+        if name == "localhost" or name.endswith(".localhost") or _is_ip_literal(name):
+            return True
+        for listed in self.names:
+            allowed = listed.lower().rstrip(".")
+            if allowed in ("*", name):
+                return True
+            if allowed.startswith(".") and (name == allowed[1:] or name.endswith(allowed)):
+                return True
+        return False
+
+    @classmethod
+    def of(cls, names: str, origins: tuple[str, ...] = (), host: str = "") -> Hosts:
+        """--allowed-hosts (comma-separated), plus the hosts of the allowed origins and the
+        name the gateway binds (when it is a name)."""
+        listed = [n.strip() for n in names.split(",") if n.strip()]
+        listed += [host_name(_host_of(o)[1]) for o in origins if _host_of(o)[1]]
+        if host and not _is_ip_literal(host) and host not in ("", "0.0.0.0", "::"):
+            listed.append(host)
+        return cls(tuple(dict.fromkeys(n for n in listed if n)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,10 +171,9 @@ class Origins:
         _scheme, netloc = _host_of(origin)
         if not netloc:
             return False
-        if self.own and netloc == host:
+        if self.own and netloc == host:  # the Host itself was checked (Hosts)
             return True
-        hostname = netloc.rsplit(":", 1)[0] if not netloc.endswith("]") else netloc
-        return self.local and hostname in LOCAL_HOSTS
+        return self.local and host_name(netloc) in LOCAL_HOSTS
 
 
 @dataclasses.dataclass
@@ -126,13 +196,17 @@ class Access:
         scheme, _, value = authorization.partition(" ")
         if self._key is None or scheme.lower() != "bearer":
             return False
-        return hmac.compare_digest(value.strip().encode(), self._key.encode())
+        # surrogateescape: aiohttp's text of a header's non-UTF-8 bytes
+        presented = value.strip().encode("utf-8", "surrogateescape")
+        return hmac.compare_digest(presented, self._key.encode())
 
     def check_origin(self, headers: Mapping[str, str]) -> str:
         """The request's Origin when it is allowed; RefusalError otherwise (none included)."""
         origin = headers.get("Origin", "")
         if not origin:
             raise RefusalError("forbidden_origin", "no Origin: tokens are for browser pages")
+        if not (origin.isascii() and origin.isprintable()):
+            raise RefusalError("forbidden_origin", "the Origin is not an http(s) origin")
         if not self.origins.allows(origin, headers.get("Host", "")):
             raise RefusalError("forbidden_origin", "this page's origin may not use the gateway")
         return origin

@@ -15,6 +15,7 @@ import dataclasses
 import logging
 import secrets
 import ssl
+from collections.abc import Callable
 from pathlib import Path
 
 from aiohttp import WSMsgType, web
@@ -30,11 +31,13 @@ from gateway.access import (
     TOKEN_TTL_S,
     Access,
     AccessTokens,
+    Admission,
+    Hosts,
     Origins,
     offered_protocols,
 )
 from gateway.hearing import PassBudget
-from gateway.limits import ConnectionCaps, ConnectionLimits, Limits
+from gateway.limits import ConnectionCaps, ConnectionLimits, Limits, Slot
 from gateway.metrics import CONTENT_TYPE, Metrics
 from gateway.options import SessionOptions
 from gateway.protocol import RefusalError
@@ -54,22 +57,29 @@ PORTRAIT_FILES = {"rig.json": "application/json", "photo.png": "image/png"}
 
 @dataclasses.dataclass
 class Edge:
-    """What the gateway checks at its edge (one per app): who may connect, how much each
-    may take, the session tokens it mints, and the counters of /metrics."""
+    """What the gateway checks at its edge (one per app): the host names it answers to, who
+    may connect, how much each may take, the session tokens it mints, and the counters of
+    /metrics."""
 
     access: Access
     limits: Limits
     tokens: SessionTokens
     caps: ConnectionCaps
     metrics: Metrics
+    hosts: Hosts = dataclasses.field(default_factory=Hosts)
 
     @classmethod
     def from_environment(
-        cls, limits: Limits | None = None, origins: Origins | None = None, env=None
+        cls,
+        limits: Limits | None = None,
+        origins: Origins | None = None,
+        env=None,
+        hosts: Hosts | None = None,
     ) -> Edge:
         """The operator key ($AVATAR_GATEWAY_KEY / _FILE) and the session secret
-        ($AVATAR_SESSION_SECRET / _FILE) from the environment."""
-        limits = limits or Limits()
+        ($AVATAR_SESSION_SECRET / _FILE) from the environment; `hosts`: default, the
+        hosts of the allowed origins (and localhost, IP literals)."""
+        limits, origins = limits or Limits(), origins or Origins()
         key = read_secret(KEY_ENV, env) or None
         tokens = SessionTokens.from_environment(env)
         if tokens is None:
@@ -78,11 +88,28 @@ class Edge:
                 "and verify only on a Triton started with the same secret"
             )
             tokens = SessionTokens(secrets.token_hex(32))
-        access = Access(key, AccessTokens.from_environment(env), origins or Origins())
-        return cls(access, limits, tokens, ConnectionCaps(limits), Metrics())
+        access = Access(key, AccessTokens.from_environment(env), origins)
+        caps = ConnectionCaps(limits)
+        metrics = Metrics()
+        metrics.capacity = caps.capacity
+        hosts = hosts or Hosts.of("", origins.allowed)
+        return cls(access, limits, tokens, caps, metrics, hosts)
 
 
 EDGE = web.AppKey("edge", Edge)
+
+
+@web.middleware
+async def allowed_host(request: web.Request, handler):
+    """Every request names a host the gateway serves (Hosts), before anything else runs."""
+    edge = request.app[EDGE]
+    if not edge.hosts.allows(request.headers.get("Host")):
+        edge.metrics.refused("forbidden_host")
+        body = protocol.error(
+            "forbidden_host", "this gateway does not serve that host name (its --allowed-hosts)"
+        )
+        return web.json_response(body, status=421)
+    return await handler(request)
 
 
 async def page(_request: web.Request) -> web.FileResponse:
@@ -145,87 +172,157 @@ async def _refuse(ws: web.WebSocketResponse, refusal: RefusalError, metrics: Met
     """Say why, and end the connection when the refusal does."""
     metrics.refused(refusal.code)
     with contextlib.suppress(ConnectionError, RuntimeError):  # the client already left
-        await ws.send_json(protocol.error(refusal.code, refusal.message))
+        await ws.send_json(protocol.refusal(refusal))
         if refusal.close:
             await ws.close(code=refusal.close_code, message=refusal.message.encode()[:120])
 
 
+async def _refuse_upgraded(
+    ws: web.WebSocketResponse, request: web.Request, refusal: RefusalError, edge: Edge
+) -> web.WebSocketResponse:
+    """A refusal after the handshake was read: upgraded, so that a browser sees the close
+    code and why (a failed handshake shows a page nothing)."""
+    await ws.prepare(request)
+    await _refuse(ws, refusal, edge.metrics)
+    # DEBUG: a flood of refusals must not flood the log too (/metrics counts them)
+    log.debug("refused %s from %s: %s", refusal.code, request.remote, refusal.message)
+    return ws
+
+
 async def websocket(request: web.Request) -> web.WebSocketResponse:
-    app, edge = request.app, request.app[EDGE]
+    edge = request.app[EDGE]
     # timeout: how long a close waits for the client's answer, reading (and dropping) what
     # it still sends; aiohttp's 10 s let a flooding client keep its slot and the CPU busy.
     # The client has the close code by then (RFC 6455: the first Close frame's).
     ws = web.WebSocketResponse(
         max_msg_size=MAX_MESSAGE_BYTES,
-        heartbeat=20.0,
+        heartbeat=edge.limits.heartbeat_s,
         protocols=(SUBPROTOCOL,),
         timeout=CLOSE_TIMEOUT_S,
     )
     address = request.remote or "unknown"
-    offered = offered_protocols(request.headers.get("Sec-WebSocket-Protocol", ""))
     try:
-        edge.caps.acquire(address)
+        slot = edge.caps.acquire(address)
     except RefusalError as refusal:  # before the upgrade: no frame of a flood is ever read
         edge.metrics.refused(refusal.code)
         log.debug("refused %s from %s: %s", refusal.code, address, refusal.message)
-        body = protocol.error(refusal.code, refusal.message)
+        body = protocol.refusal(refusal)
         return web.json_response(body, status=429, headers={"Retry-After": "1"})
+    # From here on every way out releases the slot (a handshake that raises included)
     try:
-        admission = edge.access.admit(request.headers, offered)
-    except RefusalError as refusal:  # upgraded, so that a browser sees the close code and why
-        edge.caps.release(address)
-        await ws.prepare(request)
-        await _refuse(ws, refusal, edge.metrics)
-        # DEBUG: a flood of refusals must not flood the log too (/metrics counts them)
-        log.debug("refused %s from %s: %s", refusal.code, address, refusal.message)
-        return ws
-    edge.metrics.accepted += 1
-    edge.metrics.connections += 1
-    try:
-        await ws.prepare(request)
-        session = LiveSession(
-            app[TRITON],
-            ws.send_json,
-            ws.send_bytes,
-            app[OPTIONS],
-            budget=app[PASSES],
-            tokens=edge.tokens,
-            trusted=admission.trusted,
-            turn_ended=lambda outcome: edge.metrics.turns.update([outcome or "completed"]),
-        )
-        limits = ConnectionLimits(edge.limits, shared_audio=edge.caps.of(address).audio)
-        session.turn_gate = limits.turn
-        log.info("session %s connected (%s)", session.turns.affinity, admission.how)
-        await session.hello()
         try:
-            await _serve(ws, session, limits, edge.metrics)
+            offered = offered_protocols(request.headers.get("Sec-WebSocket-Protocol", ""))
+            admission = edge.access.admit(request.headers, offered)
+        except RefusalError as refusal:
+            return await _refuse_upgraded(ws, request, refusal, edge)
+        except Exception:  # a header no check foresaw: refused, logged once, slot released
+            log.exception("handshake from %s", address)
+            refusal = RefusalError("bad_request", "the handshake could not be read", close=True)
+            return await _refuse_upgraded(ws, request, refusal, edge)
+        edge.metrics.accepted += 1
+        edge.metrics.connections += 1
+        try:
+            await _session(ws, request, admission, slot)
         finally:
-            await session.close()
-            log.info("session %s closed", session.turns.affinity)
+            edge.metrics.connections -= 1
     finally:
-        edge.caps.release(address)
-        edge.metrics.connections -= 1
+        edge.caps.release(slot)
+        edge.metrics.sessions = edge.caps.sessions
     return ws
 
 
-async def _serve(
-    ws: web.WebSocketResponse, session: LiveSession, limits: ConnectionLimits, metrics: Metrics
+async def _evict(ws: web.WebSocketResponse, metrics: Metrics, waited_s: float) -> None:
+    """A quiet connection closed to make room for a new one (ConnectionCaps)."""
+    refusal = RefusalError(
+        "idle_timeout",
+        f"no message {waited_s:g} s after connecting: closed for a new one",
+        close=True,
+    )
+    await _refuse(ws, refusal, metrics)
+
+
+async def _session(
+    ws: web.WebSocketResponse, request: web.Request, admission: Admission, slot: Slot
 ) -> None:
-    """The connection's messages until it closes, is idle too long or passes a limit."""
+    """An admitted connection's session, from the handshake to its close."""
+    app = request.app
+    edge = app[EDGE]
+    await ws.prepare(request)
+    opened = asyncio.get_running_loop().time()
+    tasks: set[asyncio.Task] = set()
+
+    def evict() -> None:
+        waited = asyncio.get_running_loop().time() - opened
+        task = asyncio.get_running_loop().create_task(_evict(ws, edge.metrics, round(waited, 1)))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    slot.evict = evict
+    session = LiveSession(
+        app[TRITON],
+        ws.send_json,
+        ws.send_bytes,
+        app[OPTIONS],
+        budget=app[PASSES],
+        tokens=edge.tokens,
+        trusted=admission.trusted,
+        turn_ended=lambda outcome: edge.metrics.turns.update([outcome or "completed"]),
+    )
+    limits = ConnectionLimits(edge.limits, shared_audio=edge.caps.of(slot.address).audio)
+    session.turn_gate = limits.turn
+    log.info("session %s connected (%s)", session.turns.affinity, admission.how)
+    await session.hello()
+
+    def talked() -> None:
+        """The first message: no longer a quiet socket, and a session of the machine's
+        capacity from now on, or told `busy` (RefusalError) when it is full. Counted at the
+        first message, not at the handshake, so that silent sockets hold no session."""
+        edge.caps.talked(slot)
+        edge.caps.admit_session(slot)
+        edge.metrics.sessions = edge.caps.sessions
+
+    try:
+        await _serve(ws, session, limits, edge.metrics, talked)
+    finally:
+        await session.close()
+        log.info("session %s closed", session.turns.affinity)
+
+
+async def _serve(
+    ws: web.WebSocketResponse,
+    session: LiveSession,
+    limits: ConnectionLimits,
+    metrics: Metrics,
+    talked: Callable[[], None] = lambda: None,
+) -> None:
+    """The connection's messages until it closes, is idle too long or passes a limit.
+    Idleness is measured on application messages: the WebSocket pongs every browser
+    answers the heartbeat with do not keep a silent connection open."""
+    loop = asyncio.get_running_loop()
+    settings = limits.limits
+    deadline = loop.time() + settings.first_message_s  # until its first message
+    first = True
     while True:
-        try:
-            message = await ws.receive(timeout=limits.limits.idle_timeout_s)
-        except asyncio.TimeoutError:
-            if session.turns.busy():  # the user listens to a reply
+        try:  # not receive(timeout=): aiohttp restarts that at every pong
+            async with asyncio.timeout_at(deadline):
+                message = await ws.receive()
+        except TimeoutError:
+            if not first and session.turns.busy():  # the user listens to a reply
+                deadline = loop.time() + settings.idle_timeout_s
                 continue
-            idle = limits.limits.idle_timeout_s
-            refusal = RefusalError("idle_timeout", f"nothing for {idle:g} s", close=True)
+            waited = settings.first_message_s if first else settings.idle_timeout_s
+            what = "no message since it connected" if first else "no message"
+            refusal = RefusalError("idle_timeout", f"{what} for {waited:g} s", close=True)
             await _refuse(ws, refusal, metrics)
             return
         if message.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
             return  # closed, or a broken connection
+        deadline = loop.time() + settings.idle_timeout_s
         refusal = None
         try:
+            if first:
+                first = False
+                talked()
             limits.message()
             if message.type == WSMsgType.TEXT:
                 await session.on_text(message.data)
@@ -233,20 +330,27 @@ async def _serve(
                 limits.audio_seconds(max(len(message.data) - 1, 0) / 2 / INPUT_RATE)
                 await session.on_binary(message.data)
         except ProtocolError as error:  # the client's mistake: say so, keep serving
-            refusal = RefusalError("bad_request", str(error))
-            try:
-                limits.bad_message()
-            except RefusalError as too_many:  # ...until it has made too many
-                refusal = too_many
+            refusal = _counted(RefusalError("bad_request", str(error)), limits)
         except RefusalError as error:
             refusal = error
         except Exception as error:  # Triton down, a model failing: say so, keep serving
             log.exception("session %s", session.turns.affinity)
             refusal = _client_error(error)
+            if refusal.code == "internal":  # a message the gateway could not serve
+                refusal = _counted(refusal, limits)
         if refusal is not None:
             await _refuse(ws, refusal, metrics)
             if refusal.close:
                 return
+
+
+def _counted(refusal: RefusalError, limits: ConnectionLimits) -> RefusalError:
+    """A bad message's refusal, or the closing one when the connection made too many."""
+    try:
+        limits.bad_message()
+    except RefusalError as too_many:
+        return too_many
+    return refusal
 
 
 async def access_token(request: web.Request) -> web.Response:
@@ -288,7 +392,7 @@ def create_app(
     WebGL portrait; None: the page draws its cartoon face. `edge`: access and limits
     (default: from the environment); `triton_access`: the key and TLS to Triton; `triton`:
     a client to use instead of connecting to `triton_url` (tests)."""
-    app = web.Application(client_max_size=MAX_MESSAGE_BYTES)
+    app = web.Application(client_max_size=MAX_MESSAGE_BYTES, middlewares=[allowed_host])
     app[OPTIONS] = options = options or SessionOptions()
     app[PASSES] = PassBudget(
         options.partial_limit, options.pause_first, options.partial_max_answering
@@ -298,15 +402,21 @@ def create_app(
     access = triton_access or TritonAccess()
 
     async def lifespan(app: web.Application):
+        lag = app[EDGE].metrics.lag
+        lag.start()
         if triton is not None:
             app[TRITON] = triton
             yield
+            lag.stop()
             return
         client = access.client(triton_url)
         app[TRITON] = TritonClient(
             client, avatar_model=options.model, asr_model=options.asr_model, headers=access.headers
         )
+        check = asyncio.create_task(check_sessions(app[TRITON], app[EDGE].tokens))
         yield
+        check.cancel()
+        lag.stop()
         await client.close()
 
     app.cleanup_ctx.append(lifespan)
@@ -319,6 +429,32 @@ def create_app(
     app.router.add_get(r"/portrait/{name:rig\.json|photo\.png}", portrait_file)
     app.router.add_static("/static/", STATIC)
     return app
+
+
+async def check_sessions(triton: TritonClient, tokens: SessionTokens) -> None:
+    """At start, once Triton's `avatar` model is ready: whether it accepts the sessions this
+    gateway signs (the two need the same AVATAR_SESSION_SECRET); an error in the log when
+    not, and every turn then ends with `session_rejected`."""
+    while True:
+        try:
+            if not await triton.not_ready():
+                break
+        except Exception:  # not reachable yet
+            pass
+        await asyncio.sleep(2.0)
+    try:
+        accepted = await triton.sessions_accepted(tokens.mint())
+    except Exception as error:  # the check is advice: the turns say the rest
+        log.warning("could not check that Triton accepts this gateway's sessions: %r", error)
+        return
+    if not accepted:
+        log.error(
+            "Triton does not accept the sessions this gateway signs: give the gateway the "
+            "server's session secret ($AVATAR_SESSION_SECRET or $AVATAR_SESSION_SECRET_FILE); "
+            "until then every turn ends with session_rejected"
+        )
+    else:
+        log.info("Triton accepts this gateway's sessions")
 
 
 def ssl_context(cert: Path | None, key: Path | None) -> ssl.SSLContext | None:

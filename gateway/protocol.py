@@ -5,6 +5,7 @@ AUDIO, FRAMES) are avatar.live_protocol, shared with the clients."""
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from avatar.animation.tables import ARKIT_NAMES
@@ -22,12 +23,15 @@ ERROR_CODES = {
     "bad_request": "a message broke the protocol (the connection stays open)",
     "unauthorized": "no access token or operator key, or one that is wrong or expired",
     "forbidden_origin": "the page's Origin is not on the gateway's allow-list",
+    "forbidden_host": "the request's Host is not a name the gateway serves (DNS rebinding)",
     "not_allowed": "a control this client may not set (free persona text)",
     "too_many_connections": "the gateway's or this address's connection cap is reached",
+    "busy": "the machine answers as many sessions as it can: retry after retry_after_s",
     "rate_limited": "messages, audio or turns faster than the gateway allows",
     "too_long": "an utterance longer than the gateway's maximum",
     "idle_timeout": "nothing received for the idle timeout",
     "turn_failed": "the turn failed on the server",
+    "session_rejected": "Triton does not accept this gateway's sessions (different secrets)",
     "turn_timeout": "the avatar sent nothing for too long; the turn was abandoned",
     "server_unavailable": "Triton is unreachable or not ready",
     "internal": "an unexpected error in the gateway",
@@ -36,9 +40,11 @@ CLOSE_CODES = {
     "bad_request": 4400,  # too many bad messages
     "unauthorized": 4401,
     "forbidden_origin": 4403,
+    "forbidden_host": 4403,  # answered as HTTP 421 before any upgrade (gateway/app.py)
     "idle_timeout": 4408,
     "too_many_connections": 4429,  # sent as HTTP 429 before the upgrade (gateway/app.py)
     "rate_limited": 4429,
+    "busy": 1013,  # RFC 6455's "Try Again Later"
 }
 
 
@@ -47,31 +53,76 @@ class RefusalError(Exception):
     ends with CLOSE_CODES[code], else only an `error` message is sent. The message is
     for the client: never an address, a traceback or a secret."""
 
-    def __init__(self, code: str, message: str, *, close: bool = False) -> None:
+    def __init__(
+        self, code: str, message: str, *, close: bool = False, retry_after_s: float | None = None
+    ) -> None:
         assert code in ERROR_CODES, code
         super().__init__(message)
         self.code, self.message, self.close = code, message, close
+        self.retry_after_s = retry_after_s
 
     @property
     def close_code(self) -> int:
         return CLOSE_CODES[self.code]
 
 
-def error(code: str, message: str, turn: int | None = None) -> dict[str, Any]:
+def error(
+    code: str, message: str, turn: int | None = None, retry_after_s: float | None = None
+) -> dict[str, Any]:
     """An `error` message (ERROR_CODES)."""
     assert code in ERROR_CODES, code
     body: dict[str, Any] = {"type": "error", "code": code, "message": message}
     if turn is not None:
         body["turn"] = turn
+    if retry_after_s is not None:
+        body["retry_after_s"] = retry_after_s
     return body
 
 
+def refusal(refused: RefusalError) -> dict[str, Any]:
+    """The `error` message of a refusal."""
+    return error(refused.code, refused.message, retry_after_s=refused.retry_after_s)
+
+
+MAX_DEPTH = 8  # of a client's JSON (the deepest message, controls, is 2)
+
+
+def _depth(value: Any) -> int:
+    """How deep lists and objects nest in a parsed JSON value (iterative)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth)
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999 parses as infinity
+        raise ValueError(f"{text[:20]} is beyond a float's range")
+    return value
+
+
 def parse_message(raw: str) -> dict[str, Any]:
-    """A client's text frame -> its JSON object, whose "type" is one the server knows."""
+    """A client's text frame -> its JSON object, whose "type" is one the server knows.
+    Strict JSON: no NaN or Infinity, nesting at most MAX_DEPTH."""
     try:
-        message = json.loads(raw)
+        message = json.loads(raw, parse_constant=_reject_constant, parse_float=_finite_float)
     except json.JSONDecodeError as error:
         raise ProtocolError(f"text message is not JSON ({error.msg})") from None
+    except RecursionError:  # the C parser's own guard: tens of thousands of brackets
+        raise ProtocolError(f"text message nests deeper than {MAX_DEPTH} levels") from None
+    except ValueError as error:  # NaN, Infinity
+        raise ProtocolError(f"text message is not JSON ({error})") from None
+    if _depth(message) > MAX_DEPTH:
+        raise ProtocolError(f"text message nests deeper than {MAX_DEPTH} levels")
     if not isinstance(message, dict) or not isinstance(message.get("type"), str):
         raise ProtocolError('text message must be a JSON object with a "type"')
     if message["type"] not in CLIENT_TYPES:
@@ -142,6 +193,24 @@ def sentence(turn: int, event: SentenceEvent, since_turn_start_ms: float) -> dic
     }
 
 
+# The turn's timings a client of the gateway receives (docs/protocol.md, `turn_end`): how
+# long it took, not what the server holds. The prompt's length and the cached part of it
+# (llm_stats) would tell a stranger whether a conversation has memory and how long it is,
+# the knowledge summary what the operator's documents hold; gRPC callers (services with
+# Triton's key) get the model's full timings.
+PUBLIC_TIMINGS = ("since_request_ms", "stage_ms", "sentences", "audio_s", "language", "paced_ms")
+PUBLIC_LLM_STATS = ("ttft_ms", "total_ms", "completion_tokens", "sentence_budget")
+
+
+def public_timings(timings: dict[str, Any]) -> dict[str, Any]:
+    """The documented fields of a turn's timings (PUBLIC_TIMINGS, PUBLIC_LLM_STATS)."""
+    public = {key: timings[key] for key in PUBLIC_TIMINGS if key in timings}
+    stats = timings.get("llm_stats")
+    if isinstance(stats, dict):
+        public["llm_stats"] = {k: stats[k] for k in PUBLIC_LLM_STATS if k in stats}
+    return public
+
+
 def turn_end(turn: int, final: FinalEvent | None, cancelled: str) -> dict[str, Any]:
     """The end of a turn: its reply, errors and timings, or (cut short) only the reason."""
     if final is None:
@@ -151,7 +220,7 @@ def turn_end(turn: int, final: FinalEvent | None, cancelled: str) -> dict[str, A
         "turn": turn,
         "reply": final.reply,
         "errors": final.errors,
-        "timings": final.timings,
+        "timings": public_timings(final.timings),
         "cancelled": cancelled,
     }
 
@@ -168,6 +237,8 @@ def persona_choice(values: dict[str, Any], personas: dict[str, str], free_text: 
             f"{sorted(personas)}",
         )
     if preset is not None:
+        if not isinstance(preset, str):
+            raise ProtocolError(f"persona_preset: expected a name, one of {sorted(personas)}")
         if preset != "" and preset not in personas:
             raise ProtocolError(f"persona_preset {preset!r}: expected one of {sorted(personas)}")
         values["persona"] = personas.get(preset, "")

@@ -29,6 +29,15 @@ TURN_INPUT, TURN_OUTPUT = "input_features", "probability"  # model_repository/tu
 log = logging.getLogger(__name__)
 
 
+# what the `avatar` model says of a session token another secret signed
+# (avatar.session_tokens.SessionTokens.verify), and what the client is told instead
+SESSION_REJECTED = "not a session this server made"
+SESSION_REJECTED_MESSAGE = (
+    "the server does not accept this gateway's sessions: the gateway and Triton need the "
+    "same session secret (AVATAR_SESSION_SECRET)"
+)
+
+
 class TurnError(Exception):
     """A turn that failed: `code` (gateway.protocol.ERROR_CODES: turn_failed,
     turn_timeout, server_unavailable) and a message safe for the client; the details (the
@@ -109,6 +118,8 @@ class TurnCall:
                 raise TurnError("turn_failed", "the turn failed on the server") from None
             if error is not None:
                 log.warning("%s answered an error: %s", self.model, error)
+                if SESSION_REJECTED in str(error):
+                    raise TurnError("session_rejected", SESSION_REJECTED_MESSAGE)
                 raise TurnError("turn_failed", "the turn failed on the server")
             names = [tensor.name for tensor in result.get_response().outputs]
             event = schema.outputs_event({name: result.as_numpy(name) for name in names})
@@ -223,6 +234,26 @@ class TritonClient:
         return Transcript(
             _text(result.as_numpy("text")), tokens, _text(result.as_numpy("detected_language"))
         )
+
+    async def sessions_accepted(self, token: str) -> bool:
+        """Whether the `avatar` model accepts a session `token` this gateway signed: a turn
+        whose controls no model knows, refused after the token is checked (parse_turn),
+        so that it costs no model any work."""
+        call = self.turn(
+            audio=None,
+            text="session check",
+            session_id=token,
+            parent_session_id="",
+            controls={"gateway_session_check": 1},
+        )
+        try:
+            async for _event in call.events(idle_timeout_s=30.0):
+                pass
+        except TurnError as error:
+            return error.code != "session_rejected"
+        finally:
+            call.cancel()
+        return True
 
     def turn(
         self,

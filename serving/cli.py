@@ -13,14 +13,20 @@ import signal
 import sys
 import tempfile
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from avatar.credentials import API_KEY_ENV, read_secret
 from avatar.model_config import RepositoryError
 from serving.deployment import PROJECT_ROOT, build_repository
 from serving.repository import TARGETS
-from serving.server import DEFAULT_KEY_HEADER, PROTOCOLS, EmbeddedServer, ServerOptions
+from serving.server import (
+    DEFAULT_KEY_HEADER,
+    PROTOCOLS,
+    WEB_NICENESS,
+    EmbeddedServer,
+    ServerOptions,
+)
 
 log = logging.getLogger("avatar")
 DEFAULT_BUILD = PROJECT_ROOT / "build"
@@ -112,6 +118,9 @@ def _serve(args: argparse.Namespace) -> int:
         tls_key=args.tls_key,
         heal=args.heal,
         env=llm_env,
+        # the models yield the CPU to the gateway beside them: its loop reads every
+        # session's microphone and barge-in (python -m perf capacity: loop lag)
+        niceness=args.models_nice if args.web else 0,
     )
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -129,7 +138,7 @@ def _serve(args: argparse.Namespace) -> int:
         if args.web:
             portrait = _portrait_rig(served)
             gateway = stack.enter_context(
-                _gateway(server.grpc_url, args.web_port, options, portrait)
+                _gateway(server.grpc_url, args.web_port, options, portrait, args.gateway_argv)
             )
             page_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
             scheme = "https" if args.tls_cert else "http"
@@ -169,12 +178,19 @@ def _portrait_rig(served: Iterable[str]) -> Path | None:
 
 
 @contextlib.contextmanager
-def _gateway(grpc_url: str, port: int, options: ServerOptions, portrait: Path | None = None):
+def _gateway(
+    grpc_url: str,
+    port: int,
+    options: ServerOptions,
+    portrait: Path | None = None,
+    gateway_argv: Sequence[str] = (),
+):
     """The live gateway (python -m gateway) as a child process, stopped on exit;
-    `portrait`: the rig folder the page draws (gateway --portrait)."""
+    `portrait`: the rig folder the page draws (gateway --portrait); `gateway_argv`: the
+    gateway's own settings given to `avatar serve` (gateway.__main__.forwarded)."""
     from gateway.process import running_gateway
 
-    extra = ["--host", options.host, "--triton-key-header", options.key_header]
+    extra = ["--host", options.host, "--triton-key-header", options.key_header, *gateway_argv]
     if options.tls_cert:  # Triton's certificate is the root the gateway trusts; the page
         # is served over TLS with the same certificate
         extra += ["--triton-ca", str(options.tls_cert), "--tls-cert", str(options.tls_cert)]
@@ -292,6 +308,18 @@ def main(argv: list[str] | None = None) -> int:
         help="answer from the operator's documents: a folder of .md/.txt files, reloaded "
         "when they change (docs/knowledge.md)",
     )
+    serve.add_argument(
+        "--models-nice",
+        type=int,
+        default=WEB_NICENESS,
+        help="with --web: the server's nice value, so that the models yield the CPU to the "
+        "gateway beside them (0: equal shares)",
+    )
+    from gateway.flags import add_gateway_arguments, forwarded
+
+    gateway_actions = add_gateway_arguments(
+        serve.add_argument_group("the live gateway's settings (with --web; python -m gateway)")
+    )
     serve.set_defaults(run=_serve)
 
     demo = sub.add_parser("demo", help="start the embedded server and drive it from a client")
@@ -307,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     demo.set_defaults(run=_demo)
 
     args = parser.parse_args(argv)
+    if args.command == "serve":
+        args.gateway_argv = forwarded(args, gateway_actions)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -24,7 +24,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from avatar.credentials import GRPC_HEADER_PREFIX, KEY_HEADER
@@ -150,6 +150,9 @@ class ServerOptions:
     # environment or a *_FILE, not here, so that no file or argv shows them
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     extra_args: Sequence[str] = ()
+    # the server's (and its model stubs') nice value: above 0 the models yield the CPU to
+    # processes beside them, the gateway of `avatar serve --web` (WEB_NICENESS)
+    niceness: int = 0
 
     def access_args(self) -> list[str]:
         """The tritonserver flags for the API key and TLS settings (none when unset)."""
@@ -201,9 +204,24 @@ class ServerOptions:
         )
 
 
+# `avatar serve --web`: the models' nice value beside the gateway (CFS weights 335 vs 1024:
+# when both want the 2 cores, the gateway's loop gets its share at once)
+WEB_NICENESS = 5
+
+
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _child_setup(niceness: int) -> Callable[[], None]:
+    def setup() -> None:  # between fork and exec: prctl and nice only, no locks taken
+        _die_with_parent()
+        if niceness:
+            with contextlib.suppress(OSError):
+                os.nice(niceness)
+
+    return setup
 
 
 class EmbeddedServer:
@@ -300,7 +318,7 @@ class EmbeddedServer:
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 env=self.environment(),
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl only, no locks taken
+                preexec_fn=_child_setup(self.options.niceness),  # noqa: PLW1509 - no locks taken
             )
         try:
             self.wait_until_ready()

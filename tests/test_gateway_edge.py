@@ -173,8 +173,10 @@ def test_the_operator_key_admits_services_and_a_wrong_or_missing_one_is_refused(
 def test_connection_caps_in_all_and_per_address() -> None:
     async def scenario(client: TestClient, edge: Edge):
         open_ = [await client.ws_connect("/ws") for _ in range(2)]
-        for ws in open_:
+        for ws in open_:  # talking connections (a quiet one would make room: test_probes)
             await _json(ws)
+            await ws.send_json({"type": "ping", "t": 1})
+            assert (await _json(ws))["type"] == "pong"
         # refused before the upgrade: HTTP 429, nothing of the client's is read
         third = await client.get("/ws", headers=UPGRADE)
         refused = (await third.json(), third.status)

@@ -4,6 +4,7 @@ validated with messages that say what was wrong and what is expected."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import uuid
 from typing import Any
 
@@ -73,13 +74,8 @@ class Controls:
         unknown = sorted(set(raw) - set(known))
         if unknown:
             raise RequestError(f"unknown controls {unknown}; expected some of {sorted(known)}")
-        values: dict[str, Any] = {}
-        for name, value in raw.items():
-            kind = type(getattr(cls(), name))
-            try:
-                values[name] = kind(value) if kind is not bool else _as_bool(name, value)
-            except (TypeError, ValueError):
-                raise RequestError(f"control {name}={value!r} is not a {kind.__name__}") from None
+        defaults = cls()
+        values = {name: _typed(name, value, getattr(defaults, name)) for name, value in raw.items()}
         controls = cls(**values)
         controls.validate()
         return controls
@@ -108,10 +104,25 @@ class Controls:
             )
 
 
-def _as_bool(name: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    raise ValueError(name)
+_KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+
+
+def _typed(name: str, value: Any, default: Any) -> Any:
+    """A control's JSON value as the type of its default, strictly: no bool for a number,
+    no string for a number, no number for a string, finite numbers only (1e999 is
+    infinity in JSON parsers), integers as integers."""
+    kind = type(default)
+    ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value, ok = float(value), True
+    if kind is int and isinstance(value, float) and value.is_integer():
+        value, ok = int(value), True
+    if ok and isinstance(value, float) and not math.isfinite(value):
+        ok = False
+    if not ok:
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."
+        raise RequestError(f"control {name}={shown} is not {_KINDS[kind]}")
+    return value
 
 
 @dataclasses.dataclass(frozen=True)

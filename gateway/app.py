@@ -437,7 +437,7 @@ async def check_sessions(triton: TritonClient, tokens: SessionTokens) -> None:
     not, and every turn then ends with `session_rejected`."""
     while True:
         try:
-            if not await triton.not_ready():
+            if await triton.model_ready(triton.avatar_model):
                 break
         except Exception:  # not reachable yet
             pass

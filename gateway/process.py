@@ -11,6 +11,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 
 
 def free_port() -> int:
@@ -28,16 +29,21 @@ def running_gateway(
     quiet: bool = False,
     ready_path: str = "/healthz",
     env: Mapping[str, str] | None = None,
+    log_path: Path | None = None,
 ) -> Iterator[tuple[str, subprocess.Popen]]:
     """`python -m gateway` against `triton_url` with extra command-line `options`; yields
     (its http://127.0.0.1:PORT base URL, the process) once `ready_path` answers 200
     (`/healthz`: Triton's models are ready; `/` for the page alone, no Triton), and stops it
-    on exit. `env`: added to this process's environment (secrets go there, not in argv)."""
+    on exit. `env`: added to this process's environment (secrets go there, not in argv);
+    `log_path`: where its output goes (default: this process's, or nowhere when `quiet`)."""
     port = port or free_port()
     command = [sys.executable, "-m", "gateway", "--triton-url", triton_url, "--port", str(port)]
-    output = subprocess.DEVNULL if quiet else None
+    log_file = Path(log_path).open("ab") if log_path is not None else None  # noqa: SIM115
+    output = log_file or (subprocess.DEVNULL if quiet else None)
     environment = {**os.environ, **(env or {})}
     process = subprocess.Popen([*command, *options], stdout=output, stderr=output, env=environment)
+    if log_file is not None:  # the child holds its own descriptor
+        log_file.close()
     options = list(options)
     host = options[options.index("--host") + 1] if "--host" in options else "127.0.0.1"
     host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host

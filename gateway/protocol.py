@@ -87,42 +87,41 @@ def refusal(refused: RefusalError) -> dict[str, Any]:
 MAX_DEPTH = 8  # of a client's JSON (the deepest message, controls, is 2)
 
 
-def _depth(value: Any) -> int:
-    """How deep lists and objects nest in a parsed JSON value (iterative)."""
-    deepest, stack = 0, [(value, 1)]
+def _checked(value: Any) -> str | None:
+    """Where a parsed JSON value breaks the gateway's rules, as "path: why" (None if not):
+    nesting beyond MAX_DEPTH, or a number beyond a float's range (1e999 parses as
+    infinity, which no control takes and no answer may echo)."""
+    stack: list[tuple[Any, str, int]] = [(value, "", 1)]
     while stack:
-        item, depth = stack.pop()
+        item, path, depth = stack.pop()
         if isinstance(item, (dict, list)):
-            deepest = max(deepest, depth)
-            children = item.values() if isinstance(item, dict) else item
-            stack.extend((child, depth + 1) for child in children)
-    return deepest
+            if depth > MAX_DEPTH:
+                return f"{path or 'the message'}: nests deeper than {MAX_DEPTH} levels"
+            pairs = item.items() if isinstance(item, dict) else enumerate(item)
+            stack.extend((v, f"{path}.{k}" if path else str(k), depth + 1) for k, v in pairs)
+        elif isinstance(item, float) and not math.isfinite(item):
+            return f"{path}: a number beyond a float's range; expected a finite number"
+    return None
 
 
 def _reject_constant(name: str) -> float:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):  # 1e999 parses as infinity
-        raise ValueError(f"{text[:20]} is beyond a float's range")
-    return value
-
-
 def parse_message(raw: str) -> dict[str, Any]:
     """A client's text frame -> its JSON object, whose "type" is one the server knows.
     Strict JSON: no NaN or Infinity, nesting at most MAX_DEPTH."""
     try:
-        message = json.loads(raw, parse_constant=_reject_constant, parse_float=_finite_float)
+        message = json.loads(raw, parse_constant=_reject_constant)
     except json.JSONDecodeError as error:
         raise ProtocolError(f"text message is not JSON ({error.msg})") from None
     except RecursionError:  # the C parser's own guard: tens of thousands of brackets
         raise ProtocolError(f"text message nests deeper than {MAX_DEPTH} levels") from None
     except ValueError as error:  # NaN, Infinity
         raise ProtocolError(f"text message is not JSON ({error})") from None
-    if _depth(message) > MAX_DEPTH:
-        raise ProtocolError(f"text message nests deeper than {MAX_DEPTH} levels")
+    broken = _checked(message)
+    if broken:
+        raise ProtocolError(f"text message: {broken}")
     if not isinstance(message, dict) or not isinstance(message.get("type"), str):
         raise ProtocolError('text message must be a JSON object with a "type"')
     if message["type"] not in CLIENT_TYPES:

@@ -170,6 +170,9 @@ class TritonClient:
     def _headers(self, session: str) -> dict[str, str]:
         return {**self.headers, **affinity_headers(session)}
 
+    async def model_ready(self, model: str) -> bool:
+        return bool(await self.client.is_model_ready(model, headers=self.headers))
+
     async def not_ready(self) -> list[str]:
         """The models the gateway needs that Triton does not report ready."""
         models = (self.vad_model, self.avatar_model)

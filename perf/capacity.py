@@ -57,7 +57,7 @@ from typing import Any
 import numpy as np
 
 from evals.report import DEFAULT_OUT, write_rows
-from perf.harness import concurrently, percentile
+from perf.harness import concurrently, percentile, playback
 from perf.latency import (
     TurnRow,
     frame_sent_at,
@@ -154,6 +154,24 @@ def _record(reply, kind: str, data: Any, now: float) -> None:
         reply.at["partial_at_pause"] = now
     if name == "speech_end":
         reply.at.setdefault(f"speech_end{len(reply.of('speech_end'))}", now)
+    if name == "interrupt":
+        reply.at["interrupt_last"] = now
+
+
+def played_until(reply) -> float:
+    """When a player that started at the reply's first audio has played all of it (its
+    waits for late audio included), on the client clock; 0 without audio."""
+    if not reply.audio:
+        return 0.0
+    first = reply.audio[0].turn
+    pieces = [
+        (at, chunk)
+        for at, chunk in zip(reply.audio_arrived, reply.audio, strict=True)
+        if chunk.turn == first
+    ]
+    heard = playback((at, chunk.start_s) for at, chunk in pieces)
+    length = max(chunk.start_s + len(chunk.pcm) / chunk.sample_rate for _, chunk in pieces)
+    return min(at for at, _ in pieces) + heard.stall_s + length
 
 
 def answered(reply) -> bool:
@@ -216,7 +234,7 @@ class _Microphone:
 async def _connect(http, base: str, row: SessionRow, busy_wait_s: float):
     """The page's way in: an access token for its Origin, then the WebSocket offering it;
     `busy` (or an HTTP refusal) waits retry_after_s and tries again, up to `busy_wait_s`
-    of waiting. The open WebSocket after `ready`, or None."""
+    of waiting. The admitted WebSocket, or None."""
     import aiohttp
 
     ws_url = base.replace("http", "ws", 1) + "/ws"
@@ -234,9 +252,8 @@ async def _connect(http, base: str, row: SessionRow, busy_wait_s: float):
             row.refused[code] = row.refused.get(code, 0) + 1
             retry_after = float((error.headers or {}).get("Retry-After", 1))
         else:
-            message = await ws.receive(timeout=30)
-            data = message.json() if message.type == aiohttp.WSMsgType.TEXT else {}
-            if data.get("type") == "ready":
+            data = await _admission(ws)
+            if data.get("type") == "controls":
                 return ws
             await ws.close()
             if data.get("code") != BUSY:
@@ -249,6 +266,22 @@ async def _connect(http, base: str, row: SessionRow, busy_wait_s: float):
             return None
         await asyncio.sleep(retry_after)
         row.waited_s += retry_after
+
+
+async def _admission(ws) -> dict:
+    """`ready`, then the first message (controls) makes the connection a session of the
+    gateway's capacity: answered `controls` when admitted, an `error` (`busy`) and a close
+    when not. The answer, or {} when the connection closed without one."""
+    import aiohttp
+
+    await ws.send_json({"type": "controls", "controls": {"seed": 0}})
+    while True:
+        message = await ws.receive(timeout=30)
+        if message.type != aiohttp.WSMsgType.TEXT:
+            return {}
+        data = message.json()
+        if data.get("type") in ("controls", "error"):
+            return data
 
 
 async def speak_session(
@@ -332,7 +365,8 @@ async def speak_session(
                     turn.error = f"session closed: {ws.close_code}"
                     continue
                 measure_turn(turn, current, signal, barged=barged)
-                if not barged:
+                if not barged:  # the speaker listens to the reply, pauses, asks again
+                    await asyncio.sleep(max(0.0, played_until(current) - time.perf_counter()))
                     await asyncio.sleep(pause_s)
         finally:
             sender.cancel()
@@ -363,19 +397,24 @@ async def _ask(mic, reply, signal, barge_in, *, row: SessionRow, listener) -> No
 
 
 async def _barge_in(mic, reply, audio: np.ndarray, row: SessionRow, listener) -> None:
-    """`audio` over the reply; the time from its first speech frame to `interrupt`; then
-    until the interrupted turn's end (or a few seconds)."""
+    """`audio` over the reply; the time from its first speech frame to the `interrupt`
+    (barge-in) that follows; then until the interrupted turn's end (or a few seconds)."""
+    earlier = len(reply.of("interrupt"))
+
+    def stopped() -> bool:
+        return any(m.get("reason") == "barge-in" for m in reply.of("interrupt")[earlier:])
+
     mic.say(audio, "barge_in", reply)
     deadline = time.perf_counter() + len(audio) / 16_000 + 10.0
     while not listener.done() and time.perf_counter() < deadline:
-        if "interrupt" in reply.at and reply.of("turn_end"):
+        if stopped() and reply.of("turn_end"):
             break
-        if reply.of("turn_end") and "interrupt" not in reply.at and "barge_in_sent_end" in reply.at:
+        if reply.of("turn_end") and not stopped() and "barge_in_sent_end" in reply.at:
             break  # the reply ended before the speech was heard: no barge-in to time
         await asyncio.sleep(0.02)
-    if "interrupt" in reply.at and "barge_in_first_sent" in reply.at:
+    if stopped() and "barge_in_first_sent" in reply.at:
         onset = frame_sent_at(reply, "barge_in", speech_bounds_s(audio)[0])
-        row.barge_in_ms = round((reply.at["interrupt"] - onset) * 1000, 1)
+        row.barge_in_ms = round((reply.at["interrupt_last"] - onset) * 1000, 1)
 
 
 # --- a level -----------------------------------------------------------------------------
@@ -605,7 +644,8 @@ def worktree(ref: str, path: Path) -> Path:
 
 def stack_env(root: Path, secret: str) -> dict[str, str]:
     env = {"AVATAR_SESSION_SECRET": secret}
-    if root.resolve() != PROJECT_ROOT:
+    root = root.resolve()
+    if root != PROJECT_ROOT:
         # the editable install maps the packages to this checkout through a meta-path
         # finder, which PYTHONPATH's entries come before; -m would put the cwd first
         env.update(PYTHONPATH=str(root), PYTHONSAFEPATH="1")
@@ -727,6 +767,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def command(args: argparse.Namespace) -> int:
+    args.out = args.out.resolve()  # the stacks' processes run in their checkouts
     secret = os.environ.get("AVATAR_SESSION_SECRET") or secrets.token_hex(32)
     stacks = [Stack("today", PROJECT_ROOT, stack_env(PROJECT_ROOT, secret))]
     if args.before:

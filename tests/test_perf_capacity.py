@@ -16,6 +16,7 @@ from perf.capacity import (
     answered,
     figure_line,
     markdown,
+    played_until,
     questions_per_session,
     sessions_per_machine,
     summarise_level,
@@ -73,6 +74,14 @@ def test_a_turn_is_measured_from_the_end_of_speech() -> None:
     assert row.first_audio == pytest.approx((reply.at["first_audio_turn1"] - end) * 1000, abs=0.1)
     assert row.transcript == "where is the spa"
     assert row.late == 1 and row.stall == pytest.approx(500.0, abs=0.1)
+
+
+def test_the_speaker_listens_to_the_whole_reply_before_the_next_question() -> None:
+    reply, _signal = _reply(np.full(8000, 0.3, np.float32))
+    # 16 samples at 22050 Hz from start_s 1.0, 0.5 s of waiting for the late second piece
+    first = reply.at["first_audio_turn1"]
+    assert played_until(reply) == pytest.approx(first + 0.5 + 1.0 + 16 / 22050)
+    assert played_until(LiveReply()) == 0.0
 
 
 def test_a_barged_in_turn_is_not_a_failure_but_another_cut_is() -> None:

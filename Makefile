@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 # models exported at once, each in its own process
 JOBS ?= $(shell nproc)
 
-.PHONY: setup artifacts demo live test lint perf
+.PHONY: setup artifacts demo live test lint perf fuzz
 setup:
 	scripts/setup.sh
 artifacts: setup
@@ -24,3 +24,7 @@ lint:
 	$(VENV)/bin/ruff format --check . && $(VENV)/bin/ruff check .
 perf: artifacts
 	$(PY) -m perf suite
+# The gateway's fuzzer at length (CI runs a short pass of it in `make test`)
+fuzz:
+	scripts/setup.sh --dev
+	GATEWAY_FUZZ_EXAMPLES=$${GATEWAY_FUZZ_EXAMPLES:-20000} $(PY) -m pytest tests/test_gateway_fuzz.py -q

@@ -59,3 +59,48 @@ def test_a_stranger_cannot_name_fork_or_plant_into_another_session(grpc_url):
     again = stream_turn(grpc_url, text="What is my name?", session_id=token, controls=CONTROLS)
     assert not again.error and again.session_id == token
     assert again.final["timings"]["llm_stats"]["prompt_tokens"] > 40  # the history was read
+
+
+@pytest.mark.parametrize("same_secret", [False, True])
+def test_a_gateway_with_another_secret_says_so_at_start_and_on_every_turn(
+    grpc_url: str, tmp_path: Path, same_secret: bool
+) -> None:
+    """`python -m gateway` in front of a Triton that signs with another secret: an error in
+    its log at start, and each turn ends with `session_rejected`, not a bare turn_failed."""
+    import asyncio
+    import json
+    import time
+
+    import aiohttp
+
+    from gateway.process import running_gateway
+
+    secret = SECRET if same_secret else "another-secret-of-enough-bytes-0123456"
+    log = tmp_path / "gateway.log"
+    env = {"AVATAR_SESSION_SECRET": secret, "AVATAR_GATEWAY_KEY": ""}
+    with running_gateway(grpc_url, ready_path="/", env=env, log_path=log) as (base, _):
+
+        async def turn() -> list[dict]:
+            async with (
+                aiohttp.ClientSession() as session,
+                session.ws_connect(base.replace("http", "ws") + "/ws") as ws,
+            ):
+                await ws.send_json({"type": "text", "text": "Hello?"})
+                got = []
+                while not got or got[-1]["type"] != "turn_end":
+                    message = await ws.receive(timeout=120)
+                    if message.type == aiohttp.WSMsgType.TEXT:
+                        got.append(json.loads(message.data))
+                return got
+
+        messages = asyncio.run(turn())
+        deadline = time.monotonic() + 30
+        while "accept" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+    codes = [m["code"] for m in messages if m["type"] == "error"]
+    text = log.read_text()
+    if same_secret:
+        assert codes == [] and "Triton accepts this gateway's sessions" in text
+    else:
+        assert codes == ["session_rejected"], messages
+        assert "Triton does not accept the sessions this gateway signs" in text

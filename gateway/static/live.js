@@ -241,7 +241,9 @@ async function start() {
   ws.binaryType = "arraybuffer";
   ws.onmessage = onMessage;
   ws.onclose = (e) => {
-    $("status").textContent = "disconnected" + (e.code >= 4000 ? ` (${e.code}: ${e.reason})` : "");
+    // 4xxx: the gateway's refusals; 1013: busy (the machine's capacity), try again later
+    const said = e.code >= 4000 || e.code === 1013;
+    $("status").textContent = "disconnected" + (said ? ` (${e.code}: ${e.reason})` : "");
     $("start").disabled = false;
   };
   mic.port.onmessage = (e) => {

@@ -156,9 +156,17 @@ def test_a_level_summarised() -> None:
     assert "| 4 | before | 1450 / 1855 | 1 of 12 | turn_failed 1 | 4 (1) | - |" in table
 
 
-def _level(stack: str, level: int, p95_ms: float | None, failed: int = 0, never_in: int = 0):
+def _level(
+    stack: str,
+    level: int,
+    p95_ms: float | None,
+    *,
+    failed: int = 0,
+    never_in: int = 0,
+    busy: int = 0,
+):
     return LevelRow(
-        stack, level, level - never_in, never_in, 0, 8, 8 - failed, failed, 0,
+        stack, level, level - never_in, never_in, busy, 8, 8 - failed, failed, 0,
         p95_ms and p95_ms / 2, p95_ms, "0", None, None, None, None, None, 0, 0.0,
         None, None, 0, 60.0,
     )  # fmt: skip
@@ -181,6 +189,8 @@ def test_sessions_per_machine_is_the_last_level_of_an_unbroken_run() -> None:
     assert sessions_per_machine([_level("today", 1, 2500.0)], "today") == 0
     assert sessions_per_machine([_level("today", 1, 900.0, failed=1)], "today") == 0
     assert sessions_per_machine([_level("today", 1, None)], "today") == 0
+    # told busy, then in: served one after another, not at once
+    assert sessions_per_machine([_level("today", 1, 900.0, busy=1)], "today") == 0
     assert figure_line(rows, ["today", "before"], 2.0).endswith("today 4, before 1")
 
 

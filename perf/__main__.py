@@ -16,6 +16,7 @@
   flood     flood a running gateway while a normal session talks: its latency, the refusals
   failover  2 replicas + HAProxy + Redis + gateway, kill -9 of one mid-conversation
   knowledge  venue questions answered with and without the operator's documents
+  turn-cost  CPU-seconds per spoken turn by stage, queue time per model -> build/perf/turn_cost/
   gpu-stages  each network on a GPU, alone and as Triton models chained by BLS via DLPack
 
 Against a running server (`--url`), or an embedded server it starts itself. Results are
@@ -183,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         knowledge,
         latency,
         llm_server,
+        turn_cost,
     )
 
     asr_windows.add_arguments(
@@ -223,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     gpu_stages.add_arguments(
         sub.add_parser("gpu-stages", help="each stage on a GPU, alone and served through BLS")
+    )
+    turn_cost.add_arguments(
+        sub.add_parser("turn-cost", help="CPU-seconds per turn by stage, queue ms per model")
     )
 
     args = parser.parse_args(argv)

@@ -277,3 +277,77 @@ def test_a_cancelled_transcription_stops_decoding(grpc_url):
     assert result is None and "CANCELLED" in str(error).upper()
     assert stopped < full / 3, (stopped, full)
     assert _infer(grpc_url, clips(1)[0].audio)["text"][0, 0].decode().strip()  # still serving
+
+
+def test_captions_wait_behind_level_one_and_each_pass_kind_is_counted(triton_server):
+    """The gateway's passes carry a priority level (captions 2, the others 1: the asr
+    config's priority_levels) and their kind as the request parameter "pass"; the model
+    counts its execution time per kind on /metrics (python -m perf turn-cost reads it). A
+    level the model does not have is served at its default level."""
+    import urllib.request
+
+    import tritonclient.grpc as grpcclient
+
+    from avatar.pipeline.priority import CAPTIONS, FIRST_AUDIO
+    from gateway.metrics import parse
+
+    def counted() -> dict[str, float]:
+        with urllib.request.urlopen(triton_server.metrics_url, timeout=10) as response:
+            values = parse(response.read().decode())
+        return {
+            kind: values.get(f'avatar_asr_passes_total{{model="asr",pass="{kind}"}}', 0.0)
+            for kind in ("caption", "pause", "final")
+        }
+
+    audio = clips(1)[0].audio.reshape(1, -1)
+    client = grpcclient.InferenceServerClient(triton_server.grpc_url)
+    inputs = [grpcclient.InferInput("audio", list(audio.shape), "FP32")]
+    inputs[0].set_data_from_numpy(audio)
+    before = counted()
+    texts = []
+    for kind, priority in (("caption", CAPTIONS), ("pause", FIRST_AUDIO), ("final", 7)):
+        result = client.infer("asr", inputs, priority=priority, parameters={"pass": kind})
+        texts.append(result.as_numpy("text")[0, 0].decode().strip())
+    after = counted()
+    assert len(set(texts)) == 1 and texts[0]
+    assert {k: after[k] - before[k] for k in after} == {"caption": 1, "pause": 1, "final": 1}
+
+
+def test_a_caption_that_waits_behind_a_reply_pass_is_rejected_unserved(grpc_url):
+    """Level 2's queue policy: a caption pass still queued after 0.2 s (the model is busy)
+    is rejected without being decoded, while a level-1 pass waits its turn."""
+    import tritonclient.grpc as grpcclient
+    from grpc_calls import execution_counts
+
+    from avatar.pipeline.priority import CAPTIONS, FIRST_AUDIO
+    from evals.clips import long_clip
+
+    long = long_clip(clips()[:8]).audio[None]  # ~20 s: seconds of decoding
+    short = clips(1)[0].audio[None]
+    client = grpcclient.InferenceServerClient(grpc_url)
+
+    def call(audio, priority: int, done: list):
+        inputs = [grpcclient.InferInput("audio", list(audio.shape), "FP32")]
+        inputs[0].set_data_from_numpy(audio)
+        outputs = [grpcclient.InferRequestedOutput("text")]
+        return client.async_infer(
+            "asr", inputs, lambda r, e: done.append((r, e)), outputs=outputs, priority=priority
+        )
+
+    busy: list = []
+    start = execution_counts(grpc_url, ["asr_decoder"])["asr_decoder"]
+    call(long, FIRST_AUDIO, busy)
+    deadline = time.monotonic() + 60
+    while execution_counts(grpc_url, ["asr_decoder"])["asr_decoder"] < start + 3:
+        assert time.monotonic() < deadline and not busy
+        time.sleep(0.01)
+    caption: list = []
+    pause: list = []
+    call(short, CAPTIONS, caption)
+    call(short, FIRST_AUDIO, pause)
+    deadline = time.monotonic() + 120
+    while not (busy and caption and pause) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert busy[0][1] is None, busy[0][1]
+    assert pause[0][1] is None and pause[0][0].as_numpy("text")[0, 0].decode().strip()
+    assert caption[0][0] is None and "timeout" in str(caption[0][1]).lower(), caption[0][1]

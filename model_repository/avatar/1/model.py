@@ -73,6 +73,7 @@ class TritonPythonModel:
         pipeline = PipelineConfig(
             llm_timeout_s=params.float("llm_timeout_s", PipelineConfig.llm_timeout_s),
             fallback_reply=params.str("fallback_reply", PipelineConfig.fallback_reply),
+            speak_ahead_s=params.float("speak_ahead_s", PipelineConfig.speak_ahead_s),
         )
         config = RunnerConfig(
             max_active_turns=params.int("max_active_turns", RunnerConfig.max_active_turns),

@@ -53,11 +53,22 @@ class TritonPythonModel:
         for request in requests:
             reps_in = pb_utils.get_input_tensor_by_name(request, "reps")
             reps = int(self.torch.from_dlpack(reps_in)[0])
-            self.stages.chain_once(self.torch, self.device, self.call)  # warm-up
-            timings = [
-                self.stages.chain_once(self.torch, self.device, self.call) for _ in range(reps)
-            ]
-            body = json.dumps({"reps": timings, "outputs_on_gpu": self.on_gpu})
+            sweep = json.loads(request.parameters() or "{}").get("sessions")
+            if sweep:  # perf.gpu_capacity: paced sessions at once, each stage call its own
+                from perf import gpu_capacity
+
+                answer = gpu_capacity.paced_sessions(
+                    self.torch, self.device, self.call, **json.loads(sweep)
+                )
+            else:
+                self.stages.chain_once(self.torch, self.device, self.call)  # warm-up
+                answer = {
+                    "reps": [
+                        self.stages.chain_once(self.torch, self.device, self.call)
+                        for _ in range(reps)
+                    ]
+                }
+            body = json.dumps({**answer, "outputs_on_gpu": self.on_gpu})
             # JSON as UTF-8 bytes in a UINT8 tensor made through DLPack, not numpy: with
             # numpy 2 the r24.10 stub misreads a numpy array's size ("output tensor shape
             # does not match size of output").

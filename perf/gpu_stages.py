@@ -4,6 +4,7 @@ tensors stay in GPU memory (DLPack both ways, no host copy).
 
     python -m perf gpu-stages                     # needs torch with CUDA
     python -m perf.gpu_stages --device cpu --reps 2   # the same code path on a CPU (a check)
+    python -m perf gpu-stages --sessions 1 2 4 8 16 32 64   # sessions per GPU (perf.gpu_capacity)
 
 Prints, per stage: the network alone (CUDA events, batch 1 and 8) and the same network as a
 Triton model called from BLS (request + DLPack + response), median and p95, and the sum of
@@ -20,6 +21,7 @@ not travel to a lent GPU machine, and a kernel's time depends on the shapes, not
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -31,7 +33,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -430,18 +432,21 @@ def _tensor_config(kind: str, t: TensorDef, gpu: bool) -> str:
     return f'{kind} [{{ name: "{t.name}" data_type: {_TYPES[dtype]} dims: [ {dims} ] }}]'
 
 
-def _config(name: str, inputs: str, outputs: str, gpu: bool, extra: str = "") -> str:
+def _config(
+    name: str, inputs: str, outputs: str, gpu: bool, extra: str = "", *, count: int = 1
+) -> str:
     kind = "KIND_GPU" if gpu else "KIND_CPU"
     return (
         f'name: "{name}"\nbackend: "python"\nmax_batch_size: 0\n{inputs}\n{outputs}\n'
-        f"instance_group [{{ count: 1 kind: {kind} }}]\n"
+        f"instance_group [{{ count: {count} kind: {kind} }}]\n"
         # Inputs stay where the caller put them (GPU), not copied to the host first.
         'parameters { key: "FORCE_CPU_ONLY_INPUT_TENSORS" value: { string_value: "no" } }\n'
         f'parameters {{ key: "repo_root" value: {{ string_value: "{ROOT}" }} }}\n{extra}'
     )
 
 
-def write_repository(folder: Path, gpu: bool) -> Path:
+def write_repository(folder: Path, gpu: bool, instances: int = 1) -> Path:
+    """The stage models (`instances` of each) and the BLS chain, written under `folder`."""
     here = Path(__file__).resolve().parent
     for stage in STAGES.values():
         version = folder / stage.name / "1"
@@ -449,7 +454,9 @@ def write_repository(folder: Path, gpu: bool) -> Path:
         shutil.copy(here / "gpu_stage_model.py", version / "model.py")
         inputs = "\n".join(_tensor_config("input", t, gpu) for t in stage.inputs)
         outputs = "\n".join(_tensor_config("output", t, gpu) for t in stage.outputs)
-        (folder / stage.name / "config.pbtxt").write_text(_config(stage.name, inputs, outputs, gpu))
+        (folder / stage.name / "config.pbtxt").write_text(
+            _config(stage.name, inputs, outputs, gpu, count=instances)
+        )
     version = folder / "turn_chain" / "1"
     version.mkdir(parents=True)
     shutil.copy(here / "gpu_chain_model.py", version / "model.py")
@@ -534,31 +541,51 @@ CRITICAL_PATH = (
 )
 
 
-def served(device_name: str, reps: int) -> dict[str, Any]:
-    """Start the wheel's tritonserver on the stage repository, run the BLS chain `reps` times."""
+@contextlib.contextmanager
+def serving(
+    device_name: str, instances: int = 1, extra_args: tuple[str, ...] = ()
+) -> Iterator[str]:
+    """The wheel's tritonserver on a fresh stage repository; yields its HTTP URL."""
     from serving.server import EmbeddedServer, ServerOptions
 
     with tempfile.TemporaryDirectory(prefix="gpu-stages-") as tmp:
-        repo = write_repository(Path(tmp) / "repository", gpu=device_name == "cuda")
-        options = ServerOptions(model_repository=repo, startup_timeout_s=600)
+        repo = write_repository(Path(tmp) / "repository", device_name == "cuda", instances)
+        options = ServerOptions(model_repository=repo, startup_timeout_s=600, extra_args=extra_args)
         with EmbeddedServer(options) as server:
-            url = f"http://{server.http_url}"
-            body = json.dumps(
-                {"inputs": [{"name": "reps", "datatype": "INT32", "shape": [1], "data": [reps]}]}
-            ).encode()
-            request = urllib.request.Request(
-                f"{url}/v2/models/turn_chain/infer",
-                data=body,
-                headers={"Content-Type": "application/json"},
-            )
-            try:
-                with urllib.request.urlopen(request, timeout=600) as response:
-                    answer = json.loads(response.read())
-            except urllib.error.HTTPError as exc:
-                raise RuntimeError(f"turn_chain failed: {exc.read().decode()[:2000]}") from exc
-            with urllib.request.urlopen(f"{url}/v2/models/stats", timeout=30) as r:
-                stats = json.loads(r.read())
-    per_rep = json.loads(bytes(answer["outputs"][0]["data"]).decode())
+            yield f"http://{server.http_url}"
+
+
+def run_chain(url: str, reps: int, parameters: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One request to the BLS chain: `reps` turns (or, with `parameters`, the paced sessions
+    of `perf.gpu_capacity`); its JSON answer."""
+    payload: dict[str, Any] = {
+        "inputs": [{"name": "reps", "datatype": "INT32", "shape": [1], "data": [reps]}]
+    }
+    if parameters is not None:
+        payload["parameters"] = {"sessions": json.dumps(parameters)}
+    request = urllib.request.Request(
+        f"{url}/v2/models/turn_chain/infer",
+        data=json.dumps(payload).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=900) as response:
+            answer = json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        raise RuntimeError(f"turn_chain failed: {exc.read().decode()[:2000]}") from exc
+    return json.loads(bytes(answer["outputs"][0]["data"]).decode())
+
+
+def model_stats(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{url}/v2/models/stats", timeout=30) as r:
+        return json.loads(r.read())
+
+
+def served(device_name: str, reps: int) -> dict[str, Any]:
+    """Start the wheel's tritonserver on the stage repository, run the BLS chain `reps` times."""
+    with serving(device_name) as url:
+        per_rep = run_chain(url, reps)
+        stats = model_stats(url)
     result = {
         label: summary([rep[label] for rep in per_rep["reps"]]) for label in per_rep["reps"][0]
     }
@@ -586,7 +613,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--graphs", action="store_true", help="also each network replayed as a CUDA graph"
     )
-    parser.add_argument("--out", type=Path, default=OUT, help="the figures as JSON")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"the figures as JSON ({OUT}; --sessions: capacity.json)",
+    )
+    from perf import gpu_capacity
+
+    gpu_capacity.add_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -599,6 +634,11 @@ def run(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {"device": args.device, "torch": torch.__version__}
     if args.device == "cuda":
         report["gpu"] = torch.cuda.get_device_name(0)
+    if args.sessions:  # the concurrency sweep alone
+        from perf import gpu_capacity
+
+        return gpu_capacity.run(args, report)
+    args.out = args.out or OUT
     report["in_process"] = in_process(args.device, args.reps, tuple(args.batches), args.graphs)
     print(json.dumps({"in_process": report["in_process"]}, indent=1), flush=True)
     if not args.skip_served:

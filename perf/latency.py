@@ -321,10 +321,9 @@ def run_level(
 
 
 def _gateway_options(setting: str, end_silence_s: float) -> list[str]:
-    # the sessions' clients share these 2 cores with the server: a gateway starved of CPU
-    # reads several seconds of queued microphone audio at once, which the audio bucket's
-    # 2-s burst refuses (measured at 4 sessions); a browser elsewhere does not do that
-    options = ["--end-silence-s", str(end_silence_s), "--audio-burst-s", "10"]
+    # the gateway's defaults otherwise: its audio limit judges what a client sent since the
+    # connection opened, so a gateway that reads late refuses no paced session (issue 41)
+    options = ["--end-silence-s", str(end_silence_s)]
     if setting == "release":  # no speculation, and the silence rule of its time
         options += ["--no-speculate", "--endpointing", "silence"]
     elif setting == "silence":  # the turn ends by end_silence_s alone (before turn_detector)

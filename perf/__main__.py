@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         failover,
         first_piece,
         flood,
-        gpu_stages,
+        gpu_capacity,
         knowledge,
         latency,
         llm_server,
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     knowledge.add_arguments(
         sub.add_parser("knowledge", help="venue facts stated with and without the documents")
     )
-    gpu_stages.add_arguments(
+    gpu_capacity.add_command_arguments(
         sub.add_parser("gpu-stages", help="each stage on a GPU, alone and served through BLS")
     )
     turn_cost.add_arguments(

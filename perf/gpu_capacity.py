@@ -3,7 +3,7 @@
 and again, paced as a person talks: a turn, then a pause of listening and speaking.
 
     python -m perf gpu-stages --sessions 1 2 4 8 16 32 64
-    python -m perf.gpu_stages --device cpu --sessions 1 2 --level-s 4   # the code path, a CPU
+    python -m perf gpu-stages --device cpu --sessions 1 2 --level-s 4   # the code path, a CPU
 
 Each level is one request to the `turn_chain` model, whose execute runs the sessions as
 threads (every stage call a BLS request of its own, so Triton queues them per stage model as
@@ -218,6 +218,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--stop-p95-s", type=float, default=2 * LIMIT_MS / 1000, help="stop above this p95"
     )
+
+
+def add_command_arguments(parser: argparse.ArgumentParser) -> None:
+    """`python -m perf gpu-stages`: its flags, and the sweep's (`--sessions` selects it)."""
+    gpu_stages.add_arguments(parser)
+    add_arguments(parser)
+    parser.set_defaults(func=command)
+
+
+def command(args: argparse.Namespace) -> int:
+    if not args.sessions:
+        return gpu_stages.run(args)
+    report = gpu_stages.device_report(args.device)
+    return 2 if report is None else run(args, report)
 
 
 def run(args: argparse.Namespace, report: dict[str, Any]) -> int:

@@ -619,25 +619,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"the figures as JSON ({OUT}; --sessions: capacity.json)",
     )
-    from perf import gpu_capacity
-
-    gpu_capacity.add_arguments(parser)
     parser.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def device_report(device: str) -> dict[str, Any] | None:
+    """What the run is on (torch, the GPU's name); None when CUDA is asked for and absent."""
     import torch
 
-    if args.device == "cuda" and not torch.cuda.is_available():
+    if device == "cuda" and not torch.cuda.is_available():
         log.error("gpu-stages: torch sees no CUDA device (--device cpu checks the code path)")
-        return 2
-    report: dict[str, Any] = {"device": args.device, "torch": torch.__version__}
-    if args.device == "cuda":
+        return None
+    report: dict[str, Any] = {"device": device, "torch": torch.__version__}
+    if device == "cuda":
         report["gpu"] = torch.cuda.get_device_name(0)
-    if args.sessions:  # the concurrency sweep alone
-        from perf import gpu_capacity
+    return report
 
-        return gpu_capacity.run(args, report)
+
+def run(args: argparse.Namespace) -> int:
+    report = device_report(args.device)
+    if report is None:
+        return 2
     args.out = args.out or OUT
     report["in_process"] = in_process(args.device, args.reps, tuple(args.batches), args.graphs)
     print(json.dumps({"in_process": report["in_process"]}, indent=1), flush=True)
@@ -655,9 +656,10 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_arguments(parser)
+    add_arguments(parser)  # the --sessions sweep: python -m perf gpu-stages (perf.gpu_capacity)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    return run(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    return args.func(args)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from aiohttp import WSMsgType, web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from avatar.credentials import read_secret
 from avatar.live_protocol import INPUT_RATE, ProtocolError
@@ -97,6 +98,22 @@ class Edge:
 
 
 EDGE = web.AppKey("edge", Edge)
+
+
+class _ParserRefusals(logging.Filter):
+    """aiohttp logs every request its HTTP parser refuses (400: a header with a control
+    character, a broken request line) as an ERROR with a traceback, before any code of the
+    gateway runs: a stranger could fill the log with them. Kept at DEBUG, one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, HttpProcessingError) and error.code == 400:
+            log.debug("refused a request aiohttp could not parse: %s", error.message)
+            return False
+        return True
+
+
+_PARSER_REFUSALS = _ParserRefusals()
 
 
 @web.middleware
@@ -392,6 +409,7 @@ def create_app(
     WebGL portrait; None: the page draws its cartoon face. `edge`: access and limits
     (default: from the environment); `triton_access`: the key and TLS to Triton; `triton`:
     a client to use instead of connecting to `triton_url` (tests)."""
+    logging.getLogger("aiohttp.server").addFilter(_PARSER_REFUSALS)  # once: a set
     app = web.Application(client_max_size=MAX_MESSAGE_BYTES, middlewares=[allowed_host])
     app[OPTIONS] = options = options or SessionOptions()
     app[PASSES] = PassBudget(

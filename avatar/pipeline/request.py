@@ -114,7 +114,10 @@ def _typed(name: str, value: Any, default: Any) -> Any:
     kind = type(default)
     ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value, ok = float(value), True
+        try:
+            value, ok = float(value), True
+        except OverflowError:  # an integer of hundreds of digits
+            ok = False
     if kind is int and isinstance(value, float) and value.is_integer():
         value, ok = int(value), True
     if ok and isinstance(value, float) and not math.isfinite(value):

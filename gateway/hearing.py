@@ -170,8 +170,10 @@ class Hearing:
         return heard
 
     def _learn(self, done: asyncio.Task) -> None:
-        if done is not self.task or done.cancelled() or done.exception() is not None:
-            return  # an earlier utterance's pass, or a failed one: nothing learnt
+        # a failed pass (a caption Triton rejected unserved under load) teaches nothing;
+        # its exception is read here, whichever utterance's it was, so none goes unretrieved
+        if done.cancelled() or done.exception() is not None or done is not self.task:
+            return
         tokens = done.result().tokens
         if self.hypothesis is not None:
             self.prefix = common_prefix(self.hypothesis, tokens)

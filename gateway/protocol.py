@@ -147,8 +147,9 @@ def end_silence(value: Any) -> float:
     low, high = END_SILENCE_RANGE
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ProtocolError(f"end_silence_s={value!r}: expected seconds")
-    if not low <= value <= high:
-        raise ProtocolError(f"end_silence_s={value:g}: expected {low:g} to {high:g} seconds")
+    if not low <= value <= high:  # (not {value:g}: an integer of 400 digits overflows it)
+        shown = str(value) if len(str(value)) <= 20 else str(value)[:20] + "..."
+        raise ProtocolError(f"end_silence_s={shown}: expected {low:g} to {high:g} seconds")
     return float(value)
 
 

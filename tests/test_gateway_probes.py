@@ -148,6 +148,8 @@ BAD_MESSAGES = [
     ({"type": "controls", "controls": {"seed": True}}, "seed"),
     ({"type": "controls", "controls": {"emotion": 3}}, "emotion"),
     ({"type": "controls", "controls": {"intensity": 7}}, "intensity"),
+    ({"type": "controls", "controls": {"alpha": 10**400}}, "alpha"),  # the fuzzer's
+    ({"type": "controls", "controls": {"end_silence_s": 10**400}}, "end_silence_s"),
 ]
 
 
@@ -408,7 +410,8 @@ def test_eight_paced_sessions_from_one_address_are_never_refused() -> None:
     with gateway:
         outs = [{} for _ in range(8)]
         clients = [
-            threading.Thread(target=_paced, args=(gateway.url("/ws", "ws"), 6.0, out)) for out in outs
+            threading.Thread(target=_paced, args=(gateway.url("/ws", "ws"), 6.0, out))
+            for out in outs
         ]
         for client in clients:
             client.start()

@@ -306,6 +306,19 @@ def test_serve_web_forwards_the_gateways_own_flags(monkeypatch: pytest.MonkeyPat
     assert seen[1].models_nice > 0  # the models yield the CPU to the gateway
 
 
+def test_the_models_of_serve_web_run_niced_below_the_gateway() -> None:
+    """The server's child (and so its model stubs) starts at ServerOptions.niceness."""
+    import os
+    import subprocess
+
+    from serving.server import WEB_NICENESS, _child_setup
+
+    out = subprocess.run(
+        ["nice"], preexec_fn=_child_setup(WEB_NICENESS), capture_output=True, text=True, check=True
+    )
+    assert int(out.stdout) == min(19, os.nice(0) + WEB_NICENESS)
+
+
 class RejectingStream:
     """A gRPC stream on which the `avatar` model refused the session token."""
 

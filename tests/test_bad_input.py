@@ -74,11 +74,11 @@ CASES = {
     "avatar-intensity": ("avatar", _controls(emotion="happy", intensity=5), ["intensity", "0..1"]),
     "avatar-fps": ("avatar", _controls(fps=1000), ["fps=1000", "out of range"]),
     "avatar-alpha": ("avatar", _controls(alpha=2), ["alpha"]),
-    "avatar-fps-type": ("avatar", _controls(fps="fast"), ["fps", "not a float"]),
+    "avatar-fps-type": ("avatar", _controls(fps="fast"), ["fps", "not a number"]),
     "avatar-emotion": ("avatar", _controls(emotion="furious"), ["unknown emotion", "furious"]),
     "avatar-max-tokens": ("avatar", _controls(max_tokens=10_000), ["max_tokens", "out of range"]),
     "avatar-seed": ("avatar", _controls(seed=-1), ["seed=-1", "out of range"]),
-    "avatar-render": ("avatar", _controls(render="yes"), ["render", "not a bool"]),
+    "avatar-render": ("avatar", _controls(render="yes"), ["render", "not true or false"]),
     "avatar-persona": ("avatar", _controls(persona="x" * 5000), ["persona", "5000 characters"]),
     "avatar-session-long": (
         "avatar",

@@ -222,7 +222,10 @@ def speculating_gateway(triton_server) -> Iterator[str]:
     """A gateway that also starts the reply at the first pause (`--speculate-turn`)."""
     from gateway.process import running_gateway
 
-    with running_gateway(triton_server.grpc_url, ["--speculate-turn"]) as (base, _process):
+    # ended by silence: the questions' first halves are whole sentences, which the end-of-turn
+    # model may end at a 0.4-s pause (see the discard test above)
+    options = ["--speculate-turn", "--endpointing", "silence"]
+    with running_gateway(triton_server.grpc_url, options) as (base, _process):
         yield base
 
 

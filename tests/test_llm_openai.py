@@ -521,7 +521,9 @@ def test_llm_model_endpoint_dying_mid_stream_gives_a_clear_error(llm_url, llama)
     story = json.dumps([{"role": "user", "content": "Write a long story about a dragon."}])
 
     def call_it() -> None:
-        got.put(_llm_call(llm_url, story, {"max_tokens": 600}))
+        # no sentence budget: the persona's default (3 sentences) can end within a second
+        sampling = {"temperature": 0, "max_tokens": 600, "max_sentences": 0}
+        got.put(_llm_call(llm_url, story, sampling))
 
     thread = threading.Thread(target=call_it)
     thread.start()

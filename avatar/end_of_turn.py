@@ -8,12 +8,16 @@ waveform normalised to zero mean and unit variance first, as its authors' featur
 it answers the probability that the speaker has finished their turn.
 
 `ModelEndpointer` is one `avatar.vad.TurnEndStrategy` among others: at short silences
-inside speech it asks the model (`AskTurnModel`, which the gateway sends to `turn_detector`);
-a "complete" answer ends the turn at once, an "incomplete" one lets the speaker pause
-longer than the silence rule would ("I would like to ... extend my stay" is protected).
+inside speech it asks the models (`AskTurnModel`: the gateway sends the audio to
+`turn_detector` and the transcript at the pause to `turn_words`, avatar/turn_words.py) and
+fuses the two answers (`Fusion`): a "complete" answer ends the turn at once, words that are
+not finished let the speaker pause longer than the silence rule would ("I would like to ...
+extend my stay" is protected).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
@@ -86,6 +90,37 @@ INCOMPLETE_SILENCE_S = 1.4  # an unfinished thought may pause this long
 UNSURE_SILENCE_S = 1.0  # words Whisper wrote without an end mark
 
 
+@dataclasses.dataclass(frozen=True)
+class Fusion:
+    """How the audio's and the words' answers combine (chosen on the development split of
+    `python -m perf turn-taking`, reported on its test split: docs/performance.md).
+
+    score = words_weight * p(words finished) + (1 - words_weight) * p(audio finished);
+    score >= complete_at ends the turn now; words below `unfinished_below` hold the turn
+    for `unfinished_silence_s` of silence (a person who stopped after "can you tell me"
+    goes on); otherwise the silence rule ends it."""
+
+    words_weight: float = 0.5
+    complete_at: float = 0.6
+    unfinished_below: float = 0.35
+    unfinished_silence_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        for name in ("words_weight", "complete_at", "unfinished_below"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {value}")
+        if self.unfinished_silence_s <= 0:
+            raise ValueError(f"unfinished_silence_s must be > 0, got {self.unfinished_silence_s}")
+
+    def score(self, audio: float, words: float) -> float:
+        return self.words_weight * words + (1.0 - self.words_weight) * audio
+
+    def ended_by(self, audio: float, words: float) -> str:
+        """Which evidence carried a complete score: the larger weighted share."""
+        return "words" if self.words_weight * words >= (1 - self.words_weight) * audio else "audio"
+
+
 class ModelEndpointer(Endpointer):
     """Silence endpointing that an end-of-turn model cuts short. Inside speech, at each
     silence of `ask_at_s` it asks (`AskTurnModel`); `decide(p, pause)` with p >=
@@ -108,6 +143,7 @@ class ModelEndpointer(Endpointer):
         complete_at: float = COMPLETE_AT,
         incomplete_silence_s: float = INCOMPLETE_SILENCE_S,
         unsure_silence_s: float = UNSURE_SILENCE_S,
+        fusion: Fusion | None = None,
     ):
         if not ask_at_s:
             raise ValueError("ask_at_s: at least one silence to ask the model at")
@@ -121,6 +157,8 @@ class ModelEndpointer(Endpointer):
         self.fallback_silence = self.detector.min_silence  # no answer yet: the silence rule
         self.incomplete_silence = max(1, round(incomplete_silence_s / CHUNK_S))
         self.unsure_silence = max(1, round(unsure_silence_s / CHUNK_S))
+        self.fusion = fusion or Fusion()
+        self.unfinished_silence = max(1, round(self.fusion.unfinished_silence_s / CHUNK_S))
         self.pauses = 0  # pauses asked about: an answer names the one it is about
         self.asking = False  # in a pause the model was asked about
 
@@ -141,19 +179,26 @@ class ModelEndpointer(Endpointer):
         return events
 
     def decide(
-        self, probability: float, pause: int, text: str | None = None
+        self,
+        probability: float,
+        pause: int,
+        text: str | None = None,
+        words: float | None = None,
     ) -> list[EndpointEvent]:
-        """The model's answer about pause number `pause` (and, when there is one, the
-        transcript of the utterance at that pause) -> [Utterance] when the turn is complete,
-        else [] (an answer about an earlier pause is ignored). The words decide a wait:
-        unfinished words ("Can you tell me where the") let the speaker pause up to
-        `incomplete_silence_s`; finished ones that the model does not call complete keep
-        the silence rule (read or flat speech, which the conversational model doubts:
-        python -m perf endpointing); words without an end mark wait `unsure_silence_s`.
-        Without a transcript, the model alone decides."""
+        """The answers about pause number `pause` -> [Utterance] when the turn is complete,
+        else [] (an answer about an earlier pause is ignored). `probability`: the audio's
+        (turn_detector); `text`: the transcript at that pause (None: speculation off);
+        `words`: the words' probability (turn_words, on that transcript; None: no answer).
+        With both, `Fusion` decides. With a transcript but no words' answer (a server
+        without turn_words), the transcript is read by rule: unfinished words ("Can you
+        tell me where the") let the speaker pause up to `incomplete_silence_s`, finished
+        ones need the audio's "complete", words without an end mark wait
+        `unsure_silence_s`. Without a transcript, the audio alone decides."""
         detector = self.detector
         if pause != self.pauses or not self.asking or detector.start is None:
             return []  # speech resumed (or the turn already ended) since it was asked
+        if words is not None and text is not None:
+            return self._fused(probability, words)
         finished = text_complete(text or "")
         if text is None:  # no transcript (speculation off): the model alone
             finished = probability >= self.complete_at
@@ -165,9 +210,21 @@ class ModelEndpointer(Endpointer):
             return []
         if probability < self.complete_at:
             return []  # finished words, doubtful prosody: the silence rule ends it
+        return self._end("audio")
+
+    def _fused(self, audio: float, words: float) -> list[EndpointEvent]:
+        fusion, detector = self.fusion, self.detector
+        if fusion.score(audio, words) >= fusion.complete_at:
+            return self._end(fusion.ended_by(audio, words))
+        if words < fusion.unfinished_below:  # not finished: let them pause
+            detector.min_silence = max(self.unfinished_silence, detector.silent + 1)
+        return []
+
+    def _end(self, ended_by: str) -> list[EndpointEvent]:
+        detector = self.detector
         speech = detector.index - detector.silent - detector.start
         utterance, self.chunks = np.concatenate(self.chunks), []
         self.paused = self.asking = False
         detector.start, detector.silent = None, 0
         detector.min_silence = self.fallback_silence
-        return [Utterance(utterance, "model") if speech >= self.min_speech else TooShort()]
+        return [Utterance(utterance, ended_by) if speech >= self.min_speech else TooShort()]

@@ -152,7 +152,7 @@ class Utterance:
     """The end of speech is confirmed."""
 
     audio: np.ndarray  # [samples]: the pre-roll, the speech and its closing silence
-    ended_by: str = "silence"  # or "model": an end-of-turn model said it was complete
+    ended_by: str = "silence"  # or "audio" / "words": the end-of-turn models said complete
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,10 +202,15 @@ class TurnEndStrategy(Protocol):
         """One chunk [512] and its speech probability -> what it changed, in order."""
 
     def decide(
-        self, probability: float, pause: int, text: str | None = None
+        self,
+        probability: float,
+        pause: int,
+        text: str | None = None,
+        words: float | None = None,
     ) -> list[EndpointEvent]:
-        """An end-of-turn model's answer to an `AskTurnModel` (with the transcript at that
-        pause, when there is one) -> what it changed."""
+        """The end-of-turn models' answers to an `AskTurnModel`: the audio's probability,
+        the transcript at that pause and the words' probability, when there are ones ->
+        what they changed."""
 
 
 class Endpointer:
@@ -248,7 +253,11 @@ class Endpointer:
         self.detector.min_silence = max(1, round(seconds / CHUNK_S))
 
     def decide(
-        self, probability: float, pause: int, text: str | None = None
+        self,
+        probability: float,
+        pause: int,
+        text: str | None = None,
+        words: float | None = None,
     ) -> list[EndpointEvent]:
         return []  # silence alone decides: never asks
 

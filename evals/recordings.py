@@ -33,14 +33,14 @@ def _read_wav(path: Path) -> np.ndarray:
     return pcm.astype(np.float32) / 32768.0
 
 
-def human_clips(root: Path = TESTDATA) -> list[Clip]:
-    """Every transcribed recording of the sets, in a fixed order."""
+def human_clips(root: Path = TESTDATA, sets: tuple[str, ...] = SETS) -> list[Clip]:
+    """Every transcribed recording of `sets`, in a fixed order."""
     if not root.is_dir():
         raise MissingRecordingsError(
             f"{root} is missing: install Debian's pocketsphinx-testdata (scripts/setup.sh does)"
         )
     out = []
-    for name in SETS:
+    for name in sets:
         folder = root / name
         listing = next(folder.glob("*transcription"))
         for line in listing.read_text().splitlines():

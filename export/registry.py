@@ -22,6 +22,7 @@ RECIPES: dict[str, str] = {
     "lipsync": "export.lipsync.recipe:LipsyncRecipe",
     "emotion_encoder": "export.emotion.recipe:EmotionEncoderRecipe",
     "turn_detector": "export.turn_detector.recipe:TurnDetectorRecipe",
+    "turn_words": "export.turn_words.recipe:TurnWordsRecipe",
 }
 
 # Models whose INT8 variant (model.int8.onnx) is judged by a gate: "module:function", the
@@ -62,7 +63,8 @@ def recipe(name: str, variants: bool = False) -> ArtifactRecipe:
 NEEDS: dict[str, tuple[str, ...]] = {"lipsync": ("tts_vits",)}  # calibration speech
 # Longest builds first, so that parallel lanes end together (seconds on 2 cores, measured).
 ORDER = ("llm_decoder", "asr_encoder", "asr_decoder", "tts_vits", "lipsync",
-         "portrait_renderer", "emotion_encoder", "turn_detector", "renderer", "vad")  # fmt: skip
+         "portrait_renderer", "emotion_encoder", "turn_words", "turn_detector", "renderer",
+         "vad")  # fmt: skip
 
 
 def ensure_all(

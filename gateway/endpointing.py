@@ -1,11 +1,11 @@
 """The session's end-of-turn strategy (avatar.vad.TurnEndStrategy), chosen by the gateway's
 options, and the asks of one session to the `turn_detector` model.
 
-`model` (the default): silence endpointing that the end-of-turn model cuts short
-(avatar.end_of_turn.ModelEndpointer: the model's probability, and the transcript at the
-pause read for a finished sentence); `silence`: `end_silence_s` of silence ends every turn.
-An ask that fails or comes late is no answer: the silence rule ends the turn, and the
-gateway keeps serving (the model may be absent from a repository)."""
+`model` (the default): silence endpointing that the end-of-turn models cut short
+(avatar.end_of_turn.ModelEndpointer: the audio's probability from `turn_detector` and the
+words' from `turn_words` on the transcript at the pause, fused); `silence`: `end_silence_s`
+of silence ends every turn. An ask that fails or comes late is no answer: the silence rule
+ends the turn, and the gateway keeps serving (a model may be absent from a repository)."""
 
 from __future__ import annotations
 
@@ -42,42 +42,62 @@ def endpointer(options: SessionOptions) -> TurnEndStrategy:
         ask_at_s=options.turn_ask_at_s,
         complete_at=options.turn_complete_at,
         incomplete_silence_s=options.turn_incomplete_silence_s,
+        fusion=options.turn_fusion,
     )
 
 
 class TurnAsks:
-    """One session's questions to `turn_detector`: `ask(event)` runs `probability(audio)`
-    in a task, waits for `transcript()` (the speculative transcript at the pause, which the
-    turn waits for anyway: None without one) and hands both to
-    `answered(probability, pause, text)`; a failed ask is logged once per session and is no
-    answer."""
+    """One session's questions to the end-of-turn models: `ask(event)` runs
+    `probability(audio)` (turn_detector) in a task, waits for `transcript()` (the
+    speculative transcript at the pause, which the turn waits for anyway: None without
+    one), asks `words(text)` (turn_words) about it, and hands all three to
+    `answered(probability, pause, text, words)`. A failed audio ask is no answer; a failed
+    words ask leaves the words to the endpointer's rule. Each kind of failure is logged
+    once per session."""
 
     def __init__(
         self,
         probability: Callable[[np.ndarray], Awaitable[float]],
         transcript: Callable[[], Awaitable[str | None]],
-        answered: Callable[[float, int, str | None], Awaitable[None]],
+        answered: Callable[[float, int, str | None, float | None], Awaitable[None]],
+        words: Callable[[str], Awaitable[float | None]] | None = None,
     ) -> None:
         self.probability, self.transcript, self.answered = probability, transcript, answered
+        self.words = words
         self.tasks: set[asyncio.Task] = set()
-        self.failed = False
+        self.failed: set[str] = set()
 
     def ask(self, event: AskTurnModel) -> None:
         task = asyncio.create_task(self._ask(event))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
+    def _failed(self, model: str, error: Exception, then: str) -> None:
+        if model not in self.failed:
+            log.warning("%s gave no answer (%s): %s", model, then, error)
+        self.failed.add(model)
+
     async def _ask(self, event: AskTurnModel) -> None:
         try:
             probability = await self.probability(event.audio)
         except Exception as error:  # no answer: the silence rule ends the turn
-            if not self.failed:
-                log.warning("turn_detector gave no answer (the silence rule decides): %s", error)
-            self.failed = True
+            self._failed("turn_detector", error, "the silence rule decides")
             return
         text = await self.transcript()
-        log.debug("turn_detector: pause %d, p %.2f, text %r", event.pause, probability, text)
-        await self.answered(probability, event.pause, text)
+        words = None
+        if text is not None and self.words is not None and "turn_words" not in self.failed:
+            try:
+                words = await self.words(text)
+            except Exception as error:
+                self._failed("turn_words", error, "the transcript is read by rule")
+        log.debug(
+            "end of turn: pause %d, audio %.2f, words %s, text %r",
+            event.pause,
+            probability,
+            "-" if words is None else f"{words:.2f}",
+            text,
+        )
+        await self.answered(probability, event.pause, text, words)
 
     def close(self) -> None:
         for task in self.tasks:

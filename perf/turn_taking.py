@@ -1,0 +1,412 @@
+"""Does the end of turn cut users off, and how fast does it answer a finished turn?
+(`python -m perf turn-taking`, reported as LiveKit's eot-bench reports turn detectors.)
+
+The material is evals/turn_taking.py: questions that stop after a head that cannot stand
+alone ("Can you tell me" | "where the nearest pharmacy is?", eight kinds) with P seconds of
+silence there, and finished turns, spoken by the Piper voice, espeak-ng voices and people
+(LibriVox), in a `dev` and a `test` split. Each strategy runs over the exported Silero VAD's
+probabilities (in-process, as perf/endpointing.py runs it) and, for the model strategies,
+the answers the gateway would get at each ask: Smart Turn's probability on the audio so far,
+the served Whisper's transcript of it (in-process) and, for fused strategies, the words'
+probability (turn_words) on that transcript; an answer arrives after the longer of
+`--ask-latency-ms` and the time its transcript (and words) took. An answer depends only on
+the audio up to its ask, so it is computed once per distinct audio and reused across pauses
+and strategies.
+
+Per strategy and split:
+
+- per pause: the share of unfinished heads cut (a turn ended before the question's last
+  word), overall and per voice family (piper, espeak, human);
+- finished turns: the delay from the end of the last word (by energy) to the end of the turn,
+  p50 / p95, and the share that the models' answer ended rather than the silence rule.
+
+`choose` picks, among strategies run on `dev`, the one with the lowest finished-turn p50
+that cuts at most 10 % of heads at every pause; the table reports it on `test`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import inspect
+import logging
+import re
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from evals.report import DEFAULT_OUT, save_results
+from evals.turn_taking import FAMILIES, PAUSES, SAMPLE_RATE, SPLITS, Item, items
+from perf.endpointing import ASK_LATENCY_MS, PAUSE_S, Ask, endpoint_events
+
+if TYPE_CHECKING:
+    from avatar.vad import TurnEndStrategy
+
+log = logging.getLogger(__name__)
+OUT = DEFAULT_OUT / "turn_taking"
+MAX_CUT = 0.10  # a strategy may cut at most this share of heads at every pause
+Scorer = Callable[[str], float | None]  # transcript -> p(the words are a finished turn)
+# (label, a fresh strategy for each item, the words' scorer: None = decide(p, pause, text))
+Strategy = tuple[str, Callable[[], "TurnEndStrategy"], Scorer | None]
+
+
+def default_strategies() -> list[Strategy]:
+    """Today's silence rule and the audio model with the transcript read by rule."""
+    from avatar.end_of_turn import ModelEndpointer
+    from avatar.vad import Endpointer
+
+    return [
+        ("silence 0.7", lambda: Endpointer(end_silence_s=0.7, pause_s=PAUSE_S), None),
+        ("model", lambda: ModelEndpointer(pause_s=PAUSE_S), None),
+    ]
+
+
+# The fusion grid that `--fused` runs, `choose` picks from on dev: (words_weight,
+# complete_at, unfinished_below, unfinished_silence_s) of avatar.end_of_turn.Fusion.
+FUSION_GRID = [
+    (weight, complete, below, 2.0)
+    for weight in (0.3, 0.5, 0.7)
+    for complete in (0.5, 0.6, 0.7, 0.8)
+    for below in (0.35, 0.5)
+]
+
+
+def fused_strategies() -> list[Strategy]:
+    """THE PLACE for strategies that fuse the audio's answer with the words' (`--fused`):
+    ModelEndpointer with each `FUSION_GRID` setting, its `decide` given the in-process
+    turn_words probability of the transcript. [] where avatar.turn_words or `decide`'s
+    `words` is missing (a tree without the words' model)."""
+    try:
+        from avatar import turn_words  # noqa: F401
+        from avatar.end_of_turn import Fusion, ModelEndpointer
+    except ImportError:
+        return []
+    if "words" not in inspect.signature(ModelEndpointer.decide).parameters:
+        return []
+    scorer = words_scorer()
+    default = dataclasses.astuple(Fusion())
+
+    def strategy(setting: tuple[float, ...]) -> Strategy:
+        w, c, u, s = setting
+        label = f"fused w{w:g} c{c:g} u{u:g} s{s:g}" + (" (default)" if setting == default else "")
+        fusion = Fusion(words_weight=w, complete_at=c, unfinished_below=u, unfinished_silence_s=s)
+        return label, lambda: ModelEndpointer(pause_s=PAUSE_S, fusion=fusion), scorer
+
+    grid = FUSION_GRID if default in FUSION_GRID else [default, *FUSION_GRID]
+    return [strategy(setting) for setting in grid]
+
+
+def words_scorer() -> Scorer:
+    """The `turn_words` model in-process (the artifact Triton serves): the probability that
+    a transcript's words are a finished turn; None when it has no words."""
+    from avatar.turn_words import features
+    from export.common import onnx_session
+    from export.registry import ensure_all
+
+    session = onnx_session(ensure_all(["turn_words"])["turn_words"] / "model.onnx")
+
+    def score(text: str) -> float | None:
+        row = features(text)
+        if row is None:
+            return None
+        return float(session.run(["probability"], {"features": row[None]})[0].reshape(-1)[0])
+
+    return score
+
+
+_END_MARKS = re.compile(r"[\s.?!…,;:\-—。？！，]+$")
+
+
+def without_end_marks(text: str) -> str:
+    """The transcript as the words' model is asked about it: its end punctuation removed
+    (Whisper's full stop after a fragment must tell it nothing)."""
+    return _END_MARKS.sub("", text)
+
+
+class Answers:
+    """What the gateway would hear back at an ask, computed once per distinct audio (the
+    same audio comes back at each pause length and for each strategy): Smart Turn's
+    probability, the transcript and the seconds it took; and each scorer's words
+    probability once per transcript."""
+
+    def __init__(self, detector, transcribe: Callable[[np.ndarray], str]):
+        self.detector, self.transcribe = detector, transcribe
+        self.asked: dict[bytes, tuple[float, str, float]] = {}
+        self.scored: dict[tuple[int, str], tuple[float | None, float]] = {}
+        self.calls = Counter[str]()
+
+    def __call__(self, audio: np.ndarray) -> tuple[float, str, float]:
+        from avatar.end_of_turn import turn_features
+
+        key = hashlib.blake2b(np.ascontiguousarray(audio).tobytes(), digest_size=16).digest()
+        self.calls["asks"] += 1
+        if key not in self.asked:
+            self.calls["computed"] += 1
+            features = turn_features(audio)[None]
+            p = float(self.detector.run(["probability"], {"input_features": features})[0])
+            started = time.monotonic()
+            text = self.transcribe(audio)
+            self.asked[key] = (p, text, time.monotonic() - started)
+        return self.asked[key]
+
+    def words(self, scorer: Scorer, text: str) -> tuple[float | None, float]:
+        """(`scorer`'s probability for `text` without its end marks, seconds it took)."""
+        key = (id(scorer), text)
+        if key not in self.scored:
+            started = time.monotonic()
+            self.scored[key] = (scorer(without_end_marks(text)), time.monotonic() - started)
+        return self.scored[key]
+
+    def asker(self, scorer: Scorer | None) -> Ask:
+        """The answers as a strategy with `scorer` gets them: the words come after the
+        transcript, so their time is added to it."""
+        if scorer is None:
+            return self
+
+        def ask(audio: np.ndarray) -> tuple[float, str, float]:
+            p, text, took = self(audio)
+            return p, text, took + self.words(scorer, text)[1]
+
+        return ask
+
+
+class _WithWords:
+    """A strategy whose `decide(p, pause, text)` passes on `words=scorer(text)`."""
+
+    def __init__(self, inner: TurnEndStrategy, answers: Answers, scorer: Scorer):
+        self.inner, self.answers, self.scorer = inner, answers, scorer
+
+    def step(self, chunk: np.ndarray, prob: float):
+        return self.inner.step(chunk, prob)
+
+    def decide(self, probability: float, pause: int, text: str | None = None):
+        words = None if text is None else self.answers.words(self.scorer, text)[0]
+        return self.inner.decide(probability, pause, text, words=words)
+
+    @property
+    def detector(self):
+        return self.inner.detector  # type: ignore[attr-defined]
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """One strategy on one item."""
+
+    cut: bool  # a turn ended before the last word (for a finished turn: more than one)
+    delay_s: float | None  # finished: from the last word's end to the end of the turn
+    ended_by: str | None  # finished: what ended the turn ("silence", "audio", "words")
+
+
+def outcome(
+    strategy: Strategy,
+    item: Item,
+    probs: np.ndarray,
+    answers: Answers,
+    ask_latency_s: float,
+) -> Outcome:
+    """Run `strategy` over `item` (an unfinished one only until its last word ends)."""
+    from avatar.vad import CHUNK, TooShort, Utterance, chunks
+
+    _, factory, scorer = strategy
+    endpointer = factory()
+    if scorer is not None:
+        endpointer = _WithWords(endpointer, answers, scorer)
+    ends: list[tuple[int, str]] = []  # (sample at which a turn ended, what ended it)
+    events = endpoint_events(
+        endpointer, probs, chunks(item.audio), answers.asker(scorer), ask_latency_s
+    )
+    for index, happened in events:
+        at = (index + 1) * CHUNK  # the chunk is in: the turn ends now
+        if not item.finished and at >= item.end:
+            break
+        for event in happened:
+            if isinstance(event, Utterance):
+                ends.append((at, event.ended_by))
+            elif isinstance(event, TooShort):
+                ends.append((at, "too short"))
+    if not item.finished:
+        return Outcome(bool(ends), None, None)
+    if not ends:
+        return Outcome(False, None, None)
+    at, ended_by = ends[-1]
+    return Outcome(len(ends) > 1, (at - item.end) / SAMPLE_RATE, ended_by)
+
+
+def _share(flags: Sequence[bool]) -> float | None:
+    return round(float(np.mean(flags)), 3) if len(flags) else None
+
+
+def _ms(delays: Sequence[float], q: float) -> int | None:
+    return round(float(np.percentile(delays, q)) * 1000) if len(delays) else None
+
+
+def summary(
+    label: str, split: str, results: list[tuple[Item, Outcome]], pauses: Sequence[float]
+) -> dict:
+    """One row: cut shares per pause (overall, per family, per kind), finished delays."""
+    heads = [(i, o) for i, o in results if not i.finished]
+    whole = [(i, o) for i, o in results if i.finished]
+    row: dict = {"strategy": label, "split": split, "heads": len(heads), "finished": len(whole)}
+    for pause in pauses:
+        row[f"cut_{pause:g}"] = _share([o.cut for i, o in heads if i.pause_s == pause])
+    for family in FAMILIES:
+        for pause in pauses:
+            row[f"cut_{family}_{pause:g}"] = _share(
+                [o.cut for i, o in heads if i.pause_s == pause and i.family == family]
+            )
+    for kind in sorted({i.kind for i, _ in heads}):
+        row[f"cut_kind_{kind}"] = _share([o.cut for i, o in heads if i.kind == kind])
+    delays = [o.delay_s for _, o in whole if o.delay_s is not None]
+    row["delay_p50_ms"], row["delay_p95_ms"] = _ms(delays, 50), _ms(delays, 95)
+    for family in FAMILIES:
+        mine = [o.delay_s for i, o in whole if i.family == family and o.delay_s is not None]
+        row[f"delay_{family}_p50_ms"] = _ms(mine, 50)
+    ended = [o.ended_by for _, o in whole if o.ended_by is not None]
+    row["ended_by_model"] = _share([e not in ("silence", "too short") for e in ended])
+    row["finished_cut"] = _share([o.cut for _, o in whole])
+    row["finished_unended"] = sum(o.delay_s is None for _, o in whole)
+    return row
+
+
+def run(
+    strategies: Sequence[Strategy],
+    material: Iterable[Item],
+    pauses: Sequence[float] = PAUSES,
+    ask_latency_ms: float = ASK_LATENCY_MS,
+) -> list[dict]:
+    """Every strategy over every item (one at a time: the VAD once per item) -> one row per
+    strategy and split."""
+    from avatar.vad import onnx_vad, speech_probabilities
+    from export.common import onnx_session
+    from export.registry import ensure_all
+    from perf.endpointing import _transcriber
+
+    built = ensure_all(["vad", "turn_detector"])
+    vad = onnx_vad(onnx_session(built["vad"] / "model.onnx"))
+    answers = Answers(onnx_session(built["turn_detector"] / "model.onnx"), _transcriber())
+    results: dict[tuple[str, str], list[tuple[Item, Outcome]]] = {}
+    started, count = time.monotonic(), 0
+    for item in material:
+        probs = speech_probabilities(vad, item.audio)
+        for strategy in strategies:
+            result = outcome(strategy, item, probs, answers, ask_latency_ms / 1000)
+            results.setdefault((strategy[0], item.split), []).append((item, result))
+        count += 1
+        if count % 200 == 0:
+            log.info("%d items, %s, %.0f s", count, dict(answers.calls), time.monotonic() - started)
+    log.info("%d items in %.0f s; answers: %s", count, time.monotonic() - started, answers.calls)
+    return [
+        summary(label, split, results[(label, split)], pauses)
+        for label, _, _ in strategies
+        for split in SPLITS
+        if (label, split) in results
+    ]
+
+
+def choose(rows: Sequence[dict], pauses: Sequence[float], max_cut: float = MAX_CUT) -> str | None:
+    """The strategy with the lowest finished-turn p50 among those that cut at most `max_cut`
+    of the heads at every pause on the dev split (None when none does)."""
+    fit = [
+        r
+        for r in rows
+        if r["split"] == "dev"
+        and r["delay_p50_ms"] is not None
+        and all((r[f"cut_{p:g}"] or 0.0) <= max_cut for p in pauses)
+    ]
+    return min(fit, key=lambda r: r["delay_p50_ms"])["strategy"] if fit else None
+
+
+def _pct(share: float | None) -> str:
+    return "-" if share is None else f"{share:.0%}"
+
+
+def markdown(rows: Sequence[dict], pauses: Sequence[float], chosen: str | None) -> str:
+    head = " | ".join(f"cut {p:g} s" for p in pauses)
+    lines = [
+        f"| strategy | split | {head} | finished p50 / p95 ms | ended by the model |",
+        "|---|---|" + "---:|" * (len(pauses) + 2),
+    ]
+    for r in rows:
+        name = r["strategy"] + (" **(chosen on dev)**" if r["strategy"] == chosen else "")
+        cuts = " | ".join(_pct(r[f"cut_{p:g}"]) for p in pauses)
+        lines.append(
+            f"| {name} | {r['split']} | {cuts} | {r['delay_p50_ms']} / {r['delay_p95_ms']} "
+            f"| {_pct(r['ended_by_model'])} |"
+        )
+    lines += [
+        "",
+        f"| strategy | split | family | {head} | finished p50 ms |",
+        "|---|---|---|" + "---:|" * (len(pauses) + 1),
+    ]
+    for r in rows:
+        for family in FAMILIES:
+            cuts = [r.get(f"cut_{family}_{p:g}") for p in pauses]
+            if all(c is None for c in cuts):
+                continue
+            lines.append(
+                f"| {r['strategy']} | {r['split']} | {family} | "
+                + " | ".join(_pct(c) for c in cuts)
+                + f" | {r.get(f'delay_{family}_p50_ms')} |"
+            )
+    verdict = (
+        f"Chosen on dev (at most {MAX_CUT:.0%} of heads cut at every pause, then the lowest "
+        f"finished p50): {chosen}."
+        if chosen
+        else f"No strategy run on dev cut at most {MAX_CUT:.0%} of heads at every pause."
+    )
+    return "\n".join([*lines, "", verdict])
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--split", choices=["dev", "test", "both"], default="both")
+    parser.add_argument(
+        "--voices", default=",".join(FAMILIES), help="voice families: piper,espeak,human"
+    )
+    parser.add_argument("--pauses", type=float, nargs="+", default=list(PAUSES))
+    parser.add_argument(
+        "--limit", type=int, help="at most N questions, statements and recordings per voice"
+    )
+    parser.add_argument("--ask-latency-ms", type=float, default=ASK_LATENCY_MS)
+    parser.add_argument(
+        "--fused", action="store_true", help="also the strategies of fused_strategies()"
+    )
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.set_defaults(func=command)
+
+
+def command(args: argparse.Namespace) -> int:
+    families = tuple(f.strip() for f in args.voices.split(",") if f.strip())
+    unknown = set(families) - set(FAMILIES)
+    if unknown:
+        raise SystemExit(f"--voices: unknown families {sorted(unknown)} (of {FAMILIES})")
+    strategies = default_strategies() + (fused_strategies() if args.fused else [])
+    if args.fused and len(strategies) == 2:
+        log.warning("--fused: no fused strategies in this tree (fused_strategies() is empty)")
+    pauses = tuple(args.pauses)
+    split = None if args.split == "both" else args.split
+    started = time.monotonic()
+    rows = run(strategies, items(split, families, pauses, args.limit), pauses, args.ask_latency_ms)
+    chosen = choose(rows, pauses)
+    table = markdown(rows, pauses, chosen)
+    results = {
+        "rows": rows,
+        "chosen_on_dev": chosen,
+        "settings": {
+            "split": args.split,
+            "voices": list(families),
+            "pauses": list(pauses),
+            "limit": args.limit,
+            "ask_latency_ms": args.ask_latency_ms,
+            "seconds": round(time.monotonic() - started),
+        },
+    }
+    save_results(args.out, "turn_taking", results, table)
+    from evals.report import write_rows
+
+    write_rows(rows, args.out / "turn_taking_rows")
+    return 0

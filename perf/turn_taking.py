@@ -148,7 +148,8 @@ class Answers:
         if key not in self.asked:
             self.calls["computed"] += 1
             features = turn_features(audio)[None]
-            p = float(self.detector.run(["probability"], {"input_features": features})[0])
+            p = self.detector.run(["probability"], {"input_features": features})[0]
+            p = float(p.reshape(-1)[0])
             started = time.monotonic()
             text = self.transcribe(audio)
             self.asked[key] = (p, text, time.monotonic() - started)

@@ -1,0 +1,112 @@
+"""The end-of-turn evaluation (evals/turn_taking.py, perf/turn_taking.py): its material
+(the dev/test split, the pauses where the heads end) and small runs of the harness with the
+real VAD, Smart Turn, Whisper and voices."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from evals import turn_taking as tt
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"[a-z']+", text.lower())
+
+
+def test_dev_and_test_share_no_question() -> None:
+    dev, test = tt.questions("dev"), tt.questions("test")
+    assert len(dev) == len(test) == 20
+    assert {q.kind for q in dev} == {q.kind for q in test} == set(tt.KINDS)
+    for part in ("head", "rest", "text"):  # no phrase of a test question is seen on dev
+        seen = {tuple(_words(getattr(q, part))) for q in dev}
+        assert not seen & {tuple(_words(getattr(q, part))) for q in test}, part
+    statements = {s: [t for t, split in tt.complete_turns() if split == s] for s in tt.SPLITS}
+    assert len(statements["dev"]) == len(statements["test"]) == 10
+    assert not set(statements["dev"]) & set(statements["test"])
+    clips = [split for _, _, split in tt._recordings()]
+    assert set(clips) == {"dev", "test"}
+
+
+def test_each_pause_sits_where_its_head_ends() -> None:
+    """Every unfinished item (one question per voice and split, every pause): P seconds of
+    digital silence start at `head_end`, speech comes before it and after it."""
+    unfinished = [i for i in tt.items(limit=1) if not i.finished]
+    assert {i.family for i in unfinished} == set(tt.FAMILIES)
+    assert len(unfinished) == (len(tt.VOICES) * 2 + 2) * len(tt.PAUSES)
+    for item in unfinished:
+        gap = round(item.pause_s * tt.SAMPLE_RATE)
+        assert not np.any(item.audio[item.head_end : item.head_end + gap]), item
+        before = item.audio[item.head_end - tt.SAMPLE_RATE // 5 : item.head_end]
+        after = item.audio[item.head_end + gap : item.head_end + gap + tt.SAMPLE_RATE // 2]
+        assert np.abs(before).max() > 0.01 and np.abs(after).max() > 0.05, item
+        assert item.head_end < item.end < len(item.audio) - round(tt.TAIL_S * tt.SAMPLE_RATE) + 1
+
+
+@pytest.mark.parametrize("index", [0, 10, 25])  # a verb, an opener, a subordinate clause
+def test_the_piper_head_ends_at_its_last_word(index: int) -> None:
+    """Whisper hears the head alone up to its last word, and the rest from its first."""
+    from perf.endpointing import _transcriber
+
+    question = tt.questions()[index]
+    voice = tt.VOICES[0]
+    audio, at = tt.hesitating(voice, question.head, question.rest, 0.5)
+    transcribe = _transcriber()
+    head = _words(transcribe(np.concatenate([audio[:at], np.zeros(8000, np.float32)])))
+    rest = _words(transcribe(audio[at:]))
+    assert head[-1:] == _words(question.head)[-1:], (question, head)
+    assert rest[:1] == _words(question.rest)[:1], (question, rest)
+
+
+def test_silence_cuts_a_long_pause_and_not_a_short_one() -> None:
+    """`silence 0.7` ends the turn in a 1.2-s pause (cut) and waits through a 0.3-s one."""
+    from perf.turn_taking import default_strategies, run
+
+    question = tt.questions("dev")[0]
+    material = [tt.unfinished(tt.VOICES[0], question, pause) for pause in (1.2, 0.3)]
+    silence = [s for s in default_strategies() if s[0] == "silence 0.7"]
+    (row,) = run(silence, material, pauses=(0.3, 1.2))
+    assert (row["strategy"], row["split"], row["heads"]) == ("silence 0.7", "dev", 2)
+    assert row["cut_1.2"] == 1.0 and row["cut_0.3"] == 0.0
+    assert row["cut_piper_1.2"] == 1.0 and row["cut_espeak_1.2"] is None
+
+
+def test_choose_takes_the_fastest_strategy_that_cuts_at_most_a_tenth() -> None:
+    from perf.turn_taking import choose
+
+    def row(name: str, split: str, cuts: tuple[float, float], p50: int) -> dict:
+        return {"strategy": name, "split": split, "cut_0.3": cuts[0], "cut_1.2": cuts[1],
+                "delay_p50_ms": p50}  # fmt: skip
+
+    rows = [
+        row("slow", "dev", (0.0, 0.1), 900),
+        row("fast", "dev", (0.0, 0.2), 300),  # cuts too many at 1.2 s
+        row("middle", "dev", (0.05, 0.0), 500),
+        row("best on test", "test", (0.0, 0.0), 100),  # test rows never choose
+    ]
+    assert choose(rows, (0.3, 1.2)) == "middle"
+    assert choose(rows, (0.3, 1.2), max_cut=0.0) is None
+
+
+def test_the_command_reports_both_splits(tmp_path: Path) -> None:
+    """`python -m perf turn-taking --limit 1`: the Piper voices, two pauses, both splits."""
+    from perf.__main__ import main
+
+    args = ["turn-taking", "--limit", "1", "--voices", "piper", "--pauses", "0.3", "1.2"]
+    assert main([*args, "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "turn_taking.json").read_text())
+    rows = results["rows"]
+    assert [(r["strategy"], r["split"]) for r in rows] == [
+        ("silence 0.7", "dev"), ("silence 0.7", "test"), ("model", "dev"), ("model", "test"),
+    ]  # fmt: skip
+    for r in rows:  # 2 voices x 1 question x 2 pauses; the question whole and 1 statement
+        assert (r["heads"], r["finished"], r["finished_unended"]) == (4, 4, 0), r
+        assert 0 < r["delay_p50_ms"] <= r["delay_p95_ms"] < 2500, r
+    assert rows[0]["ended_by_model"] == 0.0  # silence alone ends its turns
+    table = (tmp_path / "turn_taking.md").read_text()
+    assert "| silence 0.7 | dev |" in table and "finished p50 / p95 ms" in table
+    assert (tmp_path / "turn_taking_rows.csv").is_file()

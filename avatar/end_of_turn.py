@@ -95,14 +95,14 @@ class Fusion:
     """How the audio's and the words' answers combine (chosen on the development split of
     `python -m perf turn-taking`, reported on its test split: docs/performance.md).
 
-    score = words_weight * p(words finished) + (1 - words_weight) * p(audio finished);
-    score >= complete_at ends the turn now; words below `unfinished_below` hold the turn
-    for `unfinished_silence_s` of silence (a person who stopped after "can you tell me"
-    goes on); otherwise the silence rule ends it."""
+    Words below `unfinished_below` hold the turn for `unfinished_silence_s` of silence,
+    whatever the audio says (a person who stopped after "can you tell me" goes on);
+    otherwise score = words_weight * p(words finished) + (1 - words_weight) * p(audio
+    finished) >= complete_at ends the turn now, and below it the silence rule does."""
 
-    words_weight: float = 0.5
-    complete_at: float = 0.6
-    unfinished_below: float = 0.35
+    words_weight: float = 0.7
+    complete_at: float = 0.5
+    unfinished_below: float = 0.65
     unfinished_silence_s: float = 2.0
 
     def __post_init__(self) -> None:
@@ -214,10 +214,13 @@ class ModelEndpointer(Endpointer):
 
     def _fused(self, audio: float, words: float) -> list[EndpointEvent]:
         fusion, detector = self.fusion, self.detector
+        if words < fusion.unfinished_below:
+            # unfinished words outvote the audio: Smart Turn hears more silence as more
+            # finished, so a later ask in the same pause would otherwise cut them off
+            detector.min_silence = max(self.unfinished_silence, detector.silent + 1)
+            return []
         if fusion.score(audio, words) >= fusion.complete_at:
             return self._end(fusion.ended_by(audio, words))
-        if words < fusion.unfinished_below:  # not finished: let them pause
-            detector.min_silence = max(self.unfinished_silence, detector.silent + 1)
         return []
 
     def _end(self, ended_by: str) -> list[EndpointEvent]:

@@ -241,8 +241,11 @@ def run(
     return rows
 
 
-def _transcriber() -> Callable[[np.ndarray], str]:
-    """The served ASR's transcript, in-process (the speculative pass at the pause)."""
+def _transcriber(language: str | None = None) -> Callable[[np.ndarray], str]:
+    """The served ASR's transcript, in-process (the speculative pass at the pause);
+    `language`: the session's, once an utterance told it (None: detected per pass)."""
+    import dataclasses
+
     from avatar.asr.onnx_runtime import DECODER_STEP_FILE, OnnxWhisperRuntime
     from avatar.asr.transcribe import transcribe
     from avatar.asr.vocab import WhisperVocab
@@ -257,6 +260,9 @@ def _transcriber() -> Callable[[np.ndarray], str]:
     ct2 = packaged_ct2_dir()
     vocab = WhisperVocab.load(ct2 / "tokenizer.json", ct2 / "config.json")
     options = local_config().asr
+    if language is not None:
+        decode = dataclasses.replace(options.decode, language=language)
+        options = dataclasses.replace(options, decode=decode)
     return lambda audio: transcribe(runtime, vocab, [audio], options)[0].text
 
 

@@ -89,7 +89,10 @@ def test_choose_takes_the_fastest_strategy_that_cuts_at_most_a_tenth() -> None:
         row("best on test", "test", (0.0, 0.0), 100),  # test rows never choose
     ]
     assert choose(rows, (0.3, 1.2)) == "middle"
-    assert choose(rows, (0.3, 1.2), max_cut=0.0) is None
+    # none cuts none: the fewest cut among those no slower than the baseline ("slow")
+    assert choose(rows, (0.3, 1.2), max_cut=0.0, baseline="slow") == "middle"
+    assert choose(rows, (0.3, 1.2), max_cut=0.0, baseline="fast") == "fast"
+    assert choose(rows, (0.3, 1.2), max_cut=0.0, baseline="absent") is None
 
 
 def test_the_command_reports_both_splits(tmp_path: Path) -> None:

@@ -103,7 +103,9 @@ class Fusion:
     words_weight: float = 0.7
     complete_at: float = 0.5
     unfinished_below: float = 0.65
-    unfinished_silence_s: float = 2.0
+    # a 1.5-s pause after unfinished words is kept; finished words the model doubts wait
+    # this long (their p95), so no longer than that needs
+    unfinished_silence_s: float = 1.8
 
     def __post_init__(self) -> None:
         for name in ("words_weight", "complete_at", "unfinished_below"):

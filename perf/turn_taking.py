@@ -73,7 +73,7 @@ def default_strategies() -> list[Strategy]:
 # The fusion grid that `--fused` runs, `choose` picks from on dev: (words_weight,
 # complete_at, unfinished_below, unfinished_silence_s) of avatar.end_of_turn.Fusion.
 FUSION_GRID = [
-    (weight, complete, below, 2.0)
+    (weight, complete, below, 1.8)
     for weight in (0.3, 0.5, 0.7)
     for complete in (0.5, 0.6, 0.7, 0.8)
     for below in (0.35, 0.5, 0.65)

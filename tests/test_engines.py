@@ -53,7 +53,7 @@ def _text(name: str) -> str:
     return (SOURCE_REPOSITORY / name / "config.pbtxt").read_text()
 
 
-CPU_IN_PRODUCTION = {"vad", "emotion_encoder"}
+CPU_IN_PRODUCTION = {"vad", "emotion_encoder", "turn_words"}
 
 
 # ----------------------------------------------------------------- production configs

@@ -31,10 +31,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
-import inspect
 import json
 import logging
-import re
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -83,15 +81,9 @@ FUSION_GRID = [
 def fused_strategies() -> list[Strategy]:
     """THE PLACE for strategies that fuse the audio's answer with the words' (`--fused`):
     ModelEndpointer with each `FUSION_GRID` setting, its `decide` given the in-process
-    turn_words probability of the transcript. [] where avatar.turn_words or `decide`'s
-    `words` is missing (a tree without the words' model)."""
-    try:
-        from avatar import turn_words  # noqa: F401
-        from avatar.end_of_turn import Fusion, ModelEndpointer
-    except ImportError:
-        return []
-    if "words" not in inspect.signature(ModelEndpointer.decide).parameters:
-        return []
+    turn_words probability of the transcript."""
+    from avatar.end_of_turn import Fusion, ModelEndpointer
+
     scorer = words_scorer()
     default = dataclasses.astuple(Fusion())
 
@@ -121,15 +113,6 @@ def words_scorer() -> Scorer:
         return float(session.run(["probability"], {"features": row[None]})[0].reshape(-1)[0])
 
     return score
-
-
-_END_MARKS = re.compile(r"[\s.?!…,;:\-—。？！，]+$")
-
-
-def without_end_marks(text: str) -> str:
-    """The transcript as the words' model is asked about it: its end punctuation removed
-    (Whisper's full stop after a fragment must tell it nothing)."""
-    return _END_MARKS.sub("", text)
 
 
 class Answers:
@@ -169,11 +152,12 @@ class Answers:
             self.saved.write_text(json.dumps(self.asked))
 
     def words(self, scorer: Scorer, text: str) -> tuple[float | None, float]:
-        """(`scorer`'s probability for `text` without its end marks, seconds it took)."""
+        """(`scorer`'s probability for `text` (its features drop the punctuation), seconds
+        it took)."""
         key = (id(scorer), text)
         if key not in self.scored:
             started = time.monotonic()
-            self.scored[key] = (scorer(without_end_marks(text)), time.monotonic() - started)
+            self.scored[key] = (scorer(text), time.monotonic() - started)
         return self.scored[key]
 
     def asker(self, scorer: Scorer | None) -> Ask:

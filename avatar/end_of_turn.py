@@ -83,11 +83,18 @@ def text_complete(text: str) -> bool | None:
     return True if text.endswith(_ENDS) else None
 
 
-# Chosen with `python -m perf endpointing` (docs/performance.md section 18).
-ASK_AT_S = (0.2, 0.6)  # silences at which the model is asked
+# Silences at which the models are asked. The first is also where the gateway's pass at
+# the pause starts (SessionOptions.speculate_after_s), whose transcript the words read: a
+# finished turn ends about one transcript after it (`python -m perf turn-taking`: 0.1 s
+# against 0.2 s, docs/performance.md section 25). The second: docs/performance.md 18.
+ASK_AT_S = (0.1, 0.6)
 COMPLETE_AT = 0.7
 INCOMPLETE_SILENCE_S = 1.4  # an unfinished thought may pause this long
 UNSURE_SILENCE_S = 1.0  # words Whisper wrote without an end mark
+# While an answer is on its way the silence rule waits this long: a transcript that takes
+# longer than usual (its p99 is ~0.66 s on 2 cores) would otherwise let the 0.7-s rule cut
+# a pause the words would have held (1 in 3 of the heads cut at 1.5 s before it).
+ANSWER_WAIT_S = 1.2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,9 +135,10 @@ class ModelEndpointer(Endpointer):
     silence of `ask_at_s` it asks (`AskTurnModel`); `decide(p, pause)` with p >=
     `complete_at` ends the turn now. Until the model says "complete", the utterance ends
     after `incomplete_silence_s` of silence once it said "incomplete", or after
-    `end_silence_s` (the silence rule) while it has not answered (a server without the
-    model, a late answer). Speech that resumes starts over. `pause_s` reports
-    `SpeechPaused` as the silence endpointer does (for the speculative transcript)."""
+    `end_silence_s` (the silence rule); while an answer is on its way, not before
+    `answer_wait_s` (an ask that fails answers `decide(None, pause)`: the silence rule).
+    Speech that resumes starts over. `pause_s` reports `SpeechPaused` as the silence
+    endpointer does (for the speculative transcript)."""
 
     def __init__(
         self,
@@ -145,6 +153,7 @@ class ModelEndpointer(Endpointer):
         complete_at: float = COMPLETE_AT,
         incomplete_silence_s: float = INCOMPLETE_SILENCE_S,
         unsure_silence_s: float = UNSURE_SILENCE_S,
+        answer_wait_s: float = ANSWER_WAIT_S,
         fusion: Fusion | None = None,
     ):
         if not ask_at_s:
@@ -159,30 +168,53 @@ class ModelEndpointer(Endpointer):
         self.fallback_silence = self.detector.min_silence  # no answer yet: the silence rule
         self.incomplete_silence = max(1, round(incomplete_silence_s / CHUNK_S))
         self.unsure_silence = max(1, round(unsure_silence_s / CHUNK_S))
+        self.answer_wait = max(1, round(answer_wait_s / CHUNK_S))
         self.fusion = fusion or Fusion()
         self.unfinished_silence = max(1, round(self.fusion.unfinished_silence_s / CHUNK_S))
         self.pauses = 0  # pauses asked about: an answer names the one it is about
         self.asking = False  # in a pause the model was asked about
+        self.outstanding = 0  # asks about this pause not answered yet
+        self.hold = self.fallback_silence  # the silence the answers so far allow
 
     def set_end_silence(self, seconds: float) -> None:
         super().set_end_silence(seconds)
         self.fallback_silence = self.detector.min_silence
+        if not self.asking:
+            self.hold = self.fallback_silence
+        self._apply()
+
+    def _apply(self) -> None:
+        """The silence that ends the turn now: what the answers allow, and while one is on
+        its way at least `answer_wait_s` (an answer, not the clock, decides)."""
+        wait = self.answer_wait if self.outstanding else 0
+        self.detector.min_silence = max(self.hold, wait)
+
+    def _reset(self) -> None:
+        self.asking, self.outstanding, self.hold = False, 0, self.fallback_silence
+        self._apply()
+
+    def step(self, chunk: np.ndarray, prob: float) -> list[EndpointEvent]:
+        events = super().step(chunk, prob)
+        if any(isinstance(e, Utterance | TooShort) for e in events):
+            self._reset()  # the silence rule ended it: late answers are about nothing now
+        return events
 
     def _pause_or_resume(self) -> list[EndpointEvent]:
         events = super()._pause_or_resume()
         silent = self.detector.silent
         if silent == 0 and self.asking:  # speech resumed: the silence rule until asked again
-            self.asking = False
-            self.detector.min_silence = self.fallback_silence
+            self._reset()
         elif silent in self.ask_at:
             if not self.asking:
                 self.asking, self.pauses = True, self.pauses + 1
+            self.outstanding += 1
+            self._apply()
             events.append(AskTurnModel(np.concatenate(self.chunks), self.pauses))
         return events
 
     def decide(
         self,
-        probability: float,
+        probability: float | None,
         pause: int,
         text: str | None = None,
         words: float | None = None,
@@ -195,31 +227,43 @@ class ModelEndpointer(Endpointer):
         without turn_words), the transcript is read by rule: unfinished words ("Can you
         tell me where the") let the speaker pause up to `incomplete_silence_s`, finished
         ones need the audio's "complete", words without an end mark wait
-        `unsure_silence_s`. Without a transcript, the audio alone decides."""
+        `unsure_silence_s`. Without a transcript, the audio alone decides. `probability`
+        None: the ask failed (no answer will come): the silence rule decides."""
         detector = self.detector
         if pause != self.pauses or not self.asking or detector.start is None:
             return []  # speech resumed (or the turn already ended) since it was asked
+        self.outstanding = max(0, self.outstanding - 1)
+        events = self._answer(probability, text, words)
+        if self.asking:  # not ended: the silence this answer allows
+            self._apply()
+        return events
+
+    def _answer(
+        self, probability: float | None, text: str | None, words: float | None
+    ) -> list[EndpointEvent]:
+        if probability is None:
+            return []
         if words is not None and text is not None:
             return self._fused(probability, words)
         finished = text_complete(text or "")
         if text is None:  # no transcript (speculation off): the model alone
             finished = probability >= self.complete_at
         if finished is False:
-            detector.min_silence = max(self.incomplete_silence, detector.silent + 1)
+            self.hold = max(self.hold, self.incomplete_silence)
             return []
         if finished is None:  # words without an end mark: a little longer, whatever it says
-            detector.min_silence = max(self.unsure_silence, detector.silent + 1)
+            self.hold = max(self.hold, self.unsure_silence)
             return []
         if probability < self.complete_at:
             return []  # finished words, doubtful prosody: the silence rule ends it
         return self._end("audio")
 
     def _fused(self, audio: float, words: float) -> list[EndpointEvent]:
-        fusion, detector = self.fusion, self.detector
+        fusion = self.fusion
         if words < fusion.unfinished_below:
             # unfinished words outvote the audio: Smart Turn hears more silence as more
             # finished, so a later ask in the same pause would otherwise cut them off
-            detector.min_silence = max(self.unfinished_silence, detector.silent + 1)
+            self.hold = max(self.hold, self.unfinished_silence)
             return []
         if fusion.score(audio, words) >= fusion.complete_at:
             return self._end(fusion.ended_by(audio, words))
@@ -229,7 +273,7 @@ class ModelEndpointer(Endpointer):
         detector = self.detector
         speech = detector.index - detector.silent - detector.start
         utterance, self.chunks = np.concatenate(self.chunks), []
-        self.paused = self.asking = False
+        self.paused = False
         detector.start, detector.silent = None, 0
-        detector.min_silence = self.fallback_silence
+        self._reset()
         return [Utterance(utterance, ended_by) if speech >= self.min_speech else TooShort()]

@@ -203,14 +203,14 @@ class TurnEndStrategy(Protocol):
 
     def decide(
         self,
-        probability: float,
+        probability: float | None,
         pause: int,
         text: str | None = None,
         words: float | None = None,
     ) -> list[EndpointEvent]:
-        """The end-of-turn models' answers to an `AskTurnModel`: the audio's probability,
-        the transcript at that pause and the words' probability, when there are ones ->
-        what they changed."""
+        """The end-of-turn models' answers to an `AskTurnModel`: the audio's probability
+        (None: the ask failed), the transcript at that pause and the words' probability,
+        when there are ones -> what they changed."""
 
 
 class Endpointer:
@@ -254,7 +254,7 @@ class Endpointer:
 
     def decide(
         self,
-        probability: float,
+        probability: float | None,
         pause: int,
         text: str | None = None,
         words: float | None = None,

@@ -51,21 +51,24 @@ class TurnAsks:
     `probability(audio)` (turn_detector) in a task, waits for `transcript()` (the
     speculative transcript at the pause, which the turn waits for anyway: None without
     one), asks `words(text)` (turn_words) about it, and hands all three to
-    `answered(probability, pause, text, words)`. A failed audio ask is no answer; a failed
-    words ask leaves the words to the endpointer's rule. Each kind of failure is logged
-    once per session."""
+    `answered(probability, pause, text, words)`. A failed audio ask answers None (the
+    silence rule decides); a failed words ask leaves the words to the endpointer's rule.
+    Each kind of failure is logged once per session."""
 
     def __init__(
         self,
         probability: Callable[[np.ndarray], Awaitable[float]],
         transcript: Callable[[], Awaitable[str | None]],
-        answered: Callable[[float, int, str | None, float | None], Awaitable[None]],
+        answered: Callable[[float | None, int, str | None, float | None], Awaitable[None]],
         words: Callable[[str], Awaitable[float | None]] | None = None,
     ) -> None:
         self.probability, self.transcript, self.answered = probability, transcript, answered
         self.words = words
         self.tasks: set[asyncio.Task] = set()
         self.failed: set[str] = set()
+        # the last audio ask failed: the next one is expected to fail too, so the endpointer
+        # is told at once not to wait for it (its answer is still used if one comes)
+        self.answerless = False
 
     def ask(self, event: AskTurnModel) -> None:
         task = asyncio.create_task(self._ask(event))
@@ -82,7 +85,10 @@ class TurnAsks:
             probability = await self.probability(event.audio)
         except Exception as error:  # no answer: the silence rule ends the turn
             self._failed("turn_detector", error, "the silence rule decides")
+            self.answerless = True
+            await self.answered(None, event.pause, None, None)  # the endpointer waits no more
             return
+        self.answerless = False
         text = await self.transcript()
         words = None
         if text is not None and self.words is not None and "turn_words" not in self.failed:

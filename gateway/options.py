@@ -39,7 +39,8 @@ class SessionOptions:
     # Speculative ASR: transcribe at the first pause of this length, while the endpointer
     # still waits for end_silence_s; the turn then starts from the text at the end of
     # speech. Speech that resumes discards it. None: the avatar model transcribes.
-    speculate_after_s: float | None = 0.2
+    # The first end-of-turn ask reads this pass's transcript, so they go together.
+    speculate_after_s: float | None = ASK_AT_S[0]
     # Speculative turn: also start the reply from that transcript, in a fork of the
     # conversation (a new session id with the session's memory), and hold its messages
     # until the end of speech is confirmed; then they are sent and the conversation goes on

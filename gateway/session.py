@@ -210,6 +210,9 @@ class LiveSession:
             self.hearing.paused(event.audio)
         elif isinstance(event, AskTurnModel):
             self.asks.ask(event)
+            if self.asks.answerless:  # a model that failed just now: do not wait for it
+                for happened in self.endpointer.decide(None, event.pause):
+                    await self._on_endpoint(happened)
         elif isinstance(event, SpeechResumed):
             self.hearing.drop()  # the pause was inside the utterance
         elif isinstance(event, (TooShort, Utterance)):
@@ -229,7 +232,7 @@ class LiveSession:
                 )
 
     async def _answered(
-        self, probability: float, pause: int, text: str | None, words: float | None
+        self, probability: float | None, pause: int, text: str | None, words: float | None
     ) -> None:
         """The end-of-turn models' answers: in order with the chunks (they may end the turn)."""
         async with self._vad_lock:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from avatar.end_of_turn import ASK_AT_S
 from evals.report import DEFAULT_OUT, save_results
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ HESITATIONS = (0.3, 0.45, 0.6, 0.8, 1.0)
 # (complete_at, incomplete_silence_s) of the model strategy
 MODEL_SETTINGS = ((0.5, 1.4), (0.7, 1.0), (0.7, 1.4), (0.8, 1.4))
 ASK_LATENCY_MS = 100.0  # features + one turn_detector call on a busy 2-core machine
-PAUSE_S = 0.2  # the gateway's speculative transcript starts at this pause
+PAUSE_S = ASK_AT_S[0]  # the gateway's pass at the pause starts here (SessionOptions)
 COMMA_QUESTIONS = (
     "Well, I was wondering, is the pool open today, or only on weekends?",
     "If I check out late, say around two, will you charge me for another night?",
@@ -59,8 +60,10 @@ HALVES = (
 )
 
 
-# utterance so far -> (p(turn complete), its transcript or None, seconds the answer took)
-Ask = Callable[[np.ndarray], tuple[float, str | None, float]]
+# (utterance at the ask, utterance at the pause) -> (p(turn complete) of the first, the
+# transcript of the second or None, seconds the transcript took): the gateway's asks read
+# the transcript its pass at the pause (SpeechPaused) made, as gateway/hearing.py does
+Ask = Callable[[np.ndarray, np.ndarray], tuple[float, str | None, float]]
 
 
 def endpoints(
@@ -129,17 +132,29 @@ def endpoint_events(
 ) -> Iterator[tuple[int, list[EndpointEvent]]]:
     """(chunk index, what the strategy did at that chunk) for each chunk of `frames` [n, 512]
     with its speech probability, as the gateway runs it: each `AskTurnModel` is answered by
-    `ask(audio)`, and the answer reaches `decide` at the first chunk after the longer of
-    `ask_latency_s` and the time its transcript took."""
-    from avatar.vad import CHUNK_S, AskTurnModel
+    `ask(audio, audio at the pause)`, and the answer reaches `decide` at the first chunk
+    after `ask_latency_s` from the ask and after the pause's transcript is done (it started
+    at the pause: SpeechPaused; without one, at the ask)."""
+    from avatar.vad import CHUNK_S, AskTurnModel, SpeechPaused, SpeechResumed
 
     answers: list[tuple[int, float, int, str | None]] = []  # (due chunk, p, pause, text)
+    paused: tuple[int, np.ndarray] | None = None  # the pause's chunk and audio
     for index, prob in enumerate(probs):
         events = endpointer.step(frames[index], float(prob))
-        for event in [e for e in events if isinstance(e, AskTurnModel)]:
+        for event in events:
+            if isinstance(event, SpeechPaused):
+                paused = (index, event.audio)
+            elif isinstance(event, SpeechResumed):
+                paused = None
+            if not isinstance(event, AskTurnModel):
+                continue
             assert ask is not None, "the model strategy needs `ask`"
-            p, text, took = ask(event.audio)
-            due = index + int(np.ceil(max(ask_latency_s, took) / CHUNK_S))
+            since, at_pause = paused or (index, event.audio)
+            p, text, took = ask(event.audio, at_pause)
+            due = max(
+                index + int(np.ceil(ask_latency_s / CHUNK_S)),
+                since + int(np.ceil(took / CHUNK_S)),
+            )
             answers.append((due, p, event.pause, text))
         for answer in [a for a in answers if a[0] <= index]:
             answers.remove(answer)
@@ -188,7 +203,7 @@ def run(
     transcribe = _transcriber()
     asked: dict[bytes, tuple[float, str, float]] = {}
 
-    def ask(audio: np.ndarray) -> tuple[float, str, float]:
+    def answer(audio: np.ndarray) -> tuple[float, str, float]:
         key = audio[-16_000:].tobytes() + len(audio).to_bytes(8, "little")
         if key not in asked:  # the same question comes back for each setting
             features = turn_features(audio)[None]
@@ -198,8 +213,11 @@ def run(
             asked[key] = (p, text, time.monotonic() - started)
         return asked[key]
 
-    def without_text(audio: np.ndarray) -> tuple[float, None, float]:
-        return ask(audio)[0], None, 0.0  # the model's answer alone: its latency
+    def ask(audio: np.ndarray, at_pause: np.ndarray) -> tuple[float, str, float]:
+        return answer(audio)[0], *answer(at_pause)[1:]
+
+    def without_text(audio: np.ndarray, at_pause: np.ndarray) -> tuple[float, None, float]:
+        return answer(audio)[0], None, 0.0  # the model's answer alone: its latency
 
     audios = material()
     probabilities = {
@@ -220,7 +238,7 @@ def run(
                     model=model,
                     ask=asking,
                     ask_latency_s=ask_latency_ms / 1000,
-                    pause_pass_s=lambda audio: ask(audio)[2],
+                    pause_pass_s=lambda audio: answer(audio)[2],
                 )
                 for p, a in zip(probs, audios[name], strict=True)
             ]

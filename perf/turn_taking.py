@@ -7,11 +7,12 @@ silence there, and finished turns, spoken by the Piper voice, espeak-ng voices a
 (LibriVox), in a `dev` and a `test` split. Each strategy runs over the exported Silero VAD's
 probabilities (in-process, as perf/endpointing.py runs it) and, for the model strategies,
 the answers the gateway would get at each ask: Smart Turn's probability on the audio so far,
-the served Whisper's transcript of it (in-process) and, for fused strategies, the words'
-probability (turn_words) on that transcript; an answer arrives after the longer of
-`--ask-latency-ms` and the time its transcript (and words) took. An answer depends only on
-the audio up to its ask, so it is computed once per distinct audio and reused across pauses
-and strategies.
+the transcript of the gateway's pass at the pause (Whisper in-process, over the audio at
+SpeechPaused: every ask in a pause reads that one, as gateway/hearing.py does) and, for
+fused strategies, the words' probability (turn_words) on it; an answer arrives
+`--ask-latency-ms` after its ask, and not before its transcript (started at the pause) and
+words are done. An answer depends only on the audio, so it is computed once per distinct
+audio and reused across pauses and strategies.
 
 Per strategy and split:
 
@@ -78,23 +79,42 @@ FUSION_GRID = [
 ]
 
 
+# ...and the timing grid, with the default fusion: (the silences of the asks, the first
+# also where the gateway's pass at the pause starts; the most silence that waits for an
+# answer on its way: 0.7 = none, the silence rule's own)
+TIMING_GRID = [((0.2, 0.6), 0.7), ((0.2, 0.6), 1.2), ((0.1, 0.6), 0.7), ((0.1, 0.6), 1.2)]
+
+
 def fused_strategies() -> list[Strategy]:
     """THE PLACE for strategies that fuse the audio's answer with the words' (`--fused`):
-    ModelEndpointer with each `FUSION_GRID` setting, its `decide` given the in-process
-    turn_words probability of the transcript."""
-    from avatar.end_of_turn import Fusion, ModelEndpointer
+    ModelEndpointer with each `FUSION_GRID` setting at the default timing, and the default
+    fusion at each `TIMING_GRID` timing, its `decide` given the in-process turn_words
+    probability of the transcript."""
+    from avatar.end_of_turn import ANSWER_WAIT_S, ASK_AT_S, Fusion, ModelEndpointer
 
     scorer = words_scorer()
-    default = dataclasses.astuple(Fusion())
+    default = (dataclasses.astuple(Fusion()), (ASK_AT_S, ANSWER_WAIT_S))
 
-    def strategy(setting: tuple[float, ...]) -> Strategy:
-        w, c, u, s = setting
-        label = f"fused w{w:g} c{c:g} u{u:g} s{s:g}" + (" (default)" if setting == default else "")
+    def strategy(setting: tuple[float, ...], timing: tuple[tuple[float, ...], float]) -> Strategy:
+        (w, c, u, s), (ask_at, wait) = setting, timing
+        label = f"fused w{w:g} c{c:g} u{u:g} s{s:g}"
+        if timing != default[1]:
+            label += f" ask {'/'.join(f'{a:g}' for a in ask_at)} wait {wait:g}"
+        label += " (default)" if (setting, timing) == default else ""
         fusion = Fusion(words_weight=w, complete_at=c, unfinished_below=u, unfinished_silence_s=s)
-        return label, lambda: ModelEndpointer(pause_s=PAUSE_S, fusion=fusion), scorer
+        return (
+            label,
+            lambda: ModelEndpointer(
+                pause_s=ask_at[0], ask_at_s=ask_at, answer_wait_s=wait, fusion=fusion
+            ),
+            scorer,
+        )
 
-    grid = FUSION_GRID if default in FUSION_GRID else [default, *FUSION_GRID]
-    return [strategy(setting) for setting in grid]
+    grid = FUSION_GRID if default[0] in FUSION_GRID else [default[0], *FUSION_GRID]
+    timings = [t for t in TIMING_GRID if t != default[1]]
+    return [strategy(setting, default[1]) for setting in grid] + [
+        strategy(default[0], timing) for timing in timings
+    ]
 
 
 def words_scorer() -> Scorer:
@@ -118,38 +138,53 @@ def words_scorer() -> Scorer:
 class Answers:
     """What the gateway would hear back at an ask, computed once per distinct audio (the
     same audio comes back at each pause length and for each strategy): Smart Turn's
-    probability, the transcript and the seconds it took; and each scorer's words
-    probability once per transcript."""
+    probability of the audio at the ask, the transcript of the audio at the pause and the
+    seconds it took; and each scorer's words probability once per transcript."""
 
     def __init__(
         self, detector, transcribe: Callable[[np.ndarray], str], saved: Path | None = None
     ):
         self.detector, self.transcribe, self.saved = detector, transcribe, saved
-        self.asked: dict[str, tuple[float, str, float]] = {}
+        self.probabilities: dict[str, float] = {}
+        self.transcripts: dict[str, tuple[str, float]] = {}
         if saved is not None and saved.is_file():  # a rerun with other strategies
-            self.asked = {k: tuple(v) for k, v in json.loads(saved.read_text()).items()}
+            for key, (p, text, took) in json.loads(saved.read_text()).items():
+                if p is not None:
+                    self.probabilities[key] = p
+                if text is not None:
+                    self.transcripts[key] = (text, took)
         self.scored: dict[tuple[int, str], tuple[float | None, float]] = {}
         self.calls = Counter[str]()
 
-    def __call__(self, audio: np.ndarray) -> tuple[float, str, float]:
+    @staticmethod
+    def _key(audio: np.ndarray) -> str:
+        return hashlib.blake2b(np.ascontiguousarray(audio).tobytes(), digest_size=16).hexdigest()
+
+    def __call__(self, audio: np.ndarray, at_pause: np.ndarray) -> tuple[float, str, float]:
         from avatar.end_of_turn import turn_features
 
-        key = hashlib.blake2b(np.ascontiguousarray(audio).tobytes(), digest_size=16).hexdigest()
         self.calls["asks"] += 1
-        if key not in self.asked:
-            self.calls["computed"] += 1
+        key, pause_key = self._key(audio), self._key(at_pause)
+        if key not in self.probabilities:
+            self.calls["probabilities"] += 1
             features = turn_features(audio)[None]
             p = self.detector.run(["probability"], {"input_features": features})[0]
-            p = float(p.reshape(-1)[0])
+            self.probabilities[key] = float(p.reshape(-1)[0])
+        if pause_key not in self.transcripts:
+            self.calls["transcripts"] += 1
             started = time.monotonic()
-            text = self.transcribe(audio)
-            self.asked[key] = (p, text, time.monotonic() - started)
-        return self.asked[key]
+            text = self.transcribe(at_pause)
+            self.transcripts[pause_key] = (text, time.monotonic() - started)
+        return self.probabilities[key], *self.transcripts[pause_key]
 
     def save(self) -> None:
-        if self.saved is not None:
-            self.saved.parent.mkdir(parents=True, exist_ok=True)
-            self.saved.write_text(json.dumps(self.asked))
+        if self.saved is None:
+            return
+        saved = {k: [p, None, None] for k, p in self.probabilities.items()}
+        for k, (text, took) in self.transcripts.items():
+            saved[k] = [self.probabilities.get(k), text, took]
+        self.saved.parent.mkdir(parents=True, exist_ok=True)
+        self.saved.write_text(json.dumps(saved))
 
     def words(self, scorer: Scorer, text: str) -> tuple[float | None, float]:
         """(`scorer`'s probability for `text` (its features drop the punctuation), seconds
@@ -166,8 +201,8 @@ class Answers:
         if scorer is None:
             return self
 
-        def ask(audio: np.ndarray) -> tuple[float, str, float]:
-            p, text, took = self(audio)
+        def ask(audio: np.ndarray, at_pause: np.ndarray) -> tuple[float, str, float]:
+            p, text, took = self(audio, at_pause)
             return p, text, took + self.words(scorer, text)[1]
 
         return ask

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from avatar.end_of_turn import (
+    ASK_AT_S,
     FEATURES_SHAPE,
     Fusion,
     ModelEndpointer,
@@ -69,11 +70,11 @@ def _speak(endpointer: ModelEndpointer, probs: list[float]) -> list[tuple[int, o
 
 
 SPEECH = [0.0] * 5 + [0.9] * 30
-ASKS = [round(0.2 / CHUNK_S), round(0.6 / CHUNK_S)]  # 6, 19 chunks of silence
+ASKS = [round(s / CHUNK_S) for s in ASK_AT_S]  # chunks of silence: 3 and 19
 
 
 def test_the_model_is_asked_at_short_pauses_and_a_complete_turn_ends_at_once() -> None:
-    endpointer = ModelEndpointer(pause_s=0.2)
+    endpointer = ModelEndpointer(pause_s=ASK_AT_S[0])
     events = _speak(endpointer, SPEECH + [0.0] * ASKS[0])
     kinds = [type(e).__name__ for _, e in events]
     assert kinds == ["SpeechStarted", "SpeechPaused", "AskTurnModel"]
@@ -129,11 +130,13 @@ def test_fused_answers_end_hold_or_leave_the_turn_to_silence() -> None:
     ended = [(i, e) for i, e in events if isinstance(e, Utterance)]
     assert [e.ended_by for _, e in ended] == ["silence"]
     assert ended[0][0] == round(2.0 / CHUNK_S) - ASKS[0] - 1  # at 2.0 s, not 0.7 s
-    # in between: the silence rule (0.7 s)
+    # in between, both asks answered: the silence rule (0.7 s)
     endpointer = ModelEndpointer(fusion=fusion, end_silence_s=0.7)
     _speak(endpointer, SPEECH + [0.0] * ASKS[0])
     assert endpointer.decide(0.5, 1, "Where is the pool", words=0.5) == []
-    events = _speak(endpointer, [0.0] * (round(0.7 / CHUNK_S) - ASKS[0]))
+    _speak(endpointer, [0.0] * (ASKS[1] - ASKS[0]))
+    assert endpointer.decide(0.5, 1, "Where is the pool", words=0.5) == []
+    events = _speak(endpointer, [0.0] * (round(0.7 / CHUNK_S) - ASKS[1]))
     assert [type(e) for _, e in events][-1] is Utterance
 
 
@@ -149,11 +152,31 @@ def test_a_fusion_out_of_range_is_refused(weight: float) -> None:
         Fusion(words_weight=weight)
 
 
-def test_without_an_answer_the_silence_rule_ends_the_turn() -> None:
-    endpointer = ModelEndpointer(end_silence_s=0.7)
-    events = _speak(endpointer, SPEECH + [0.0] * round(0.7 / CHUNK_S))
-    assert [type(e).__name__ for _, e in events][-1] == "Utterance"
+def _ended_at(events: list[tuple[int, object]]) -> list[int]:
+    return [i for i, e in events if isinstance(e, Utterance)]
+
+
+def test_the_silence_rule_waits_for_an_answer_on_its_way_and_no_longer() -> None:
+    wait = round(1.2 / CHUNK_S)
+    # asked, never answered (an overloaded server): the silence rule waits 1.2 s, not 0.7
+    endpointer = ModelEndpointer(end_silence_s=0.7, answer_wait_s=1.2)
+    events = _speak(endpointer, SPEECH + [0.0] * wait)
+    assert _ended_at(events) == [len(SPEECH) + wait - 1]
     assert events[-1][1].ended_by == "silence"
+    # a late answer that the words are unfinished holds the pause as an early one would
+    endpointer = ModelEndpointer(end_silence_s=0.7, answer_wait_s=1.2,
+                                 fusion=Fusion(unfinished_silence_s=1.8))  # fmt: skip
+    late, hold = round(0.9 / CHUNK_S), round(1.8 / CHUNK_S)
+    _speak(endpointer, SPEECH + [0.0] * late)
+    assert endpointer.decide(0.99, 1, "Can you tell me.", words=0.05) == []
+    assert endpointer.decide(0.99, 1, "Can you tell me.", words=0.05) == []
+    events = _speak(endpointer, [0.0] * hold)
+    assert _ended_at(events) == [hold - late - 1]  # at 1.8 s of silence
+    # an ask that failed answers None: the 0.7-s rule, at once when it is past
+    endpointer = ModelEndpointer(end_silence_s=0.7, answer_wait_s=1.2)
+    _speak(endpointer, SPEECH + [0.0] * round(0.9 / CHUNK_S))
+    assert endpointer.decide(None, 1) == [] and endpointer.decide(None, 1) == []
+    assert _ended_at(_speak(endpointer, [0.0])) == [0]
 
 
 def test_an_answer_about_a_pause_the_speaker_ended_is_ignored() -> None:

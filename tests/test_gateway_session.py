@@ -48,7 +48,7 @@ def _of(socket: Socket, kind: str) -> list[dict]:
 
 
 def test_a_spoken_question_starts_from_the_transcript_at_its_pause() -> None:
-    """Speech, then silence: the pause's pass (0.2 s) is shown and, once the end is
+    """Speech, then silence: the pause's pass (0.1 s) is shown and, once the end is
     confirmed (0.7 s), the turn starts from its text."""
     speech, silence = 40, round(0.7 / CHUNK_S)
 
@@ -213,3 +213,40 @@ def test_the_command_line_defaults_are_the_session_options() -> None:
     off = session_options(args)
     assert off.speculate_after_s is None and off.partial_every_s is None
     assert not off.speculate_turn and off.end_silence_s == 1.0
+
+
+class _LateAnswers(FakeTriton):
+    """The end-of-turn models answer only once `answer` is set: the audio finished, the
+    words not."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.answer = asyncio.Event()
+
+    async def turn_complete(self, audio, *, session: str = "") -> float:
+        await self.answer.wait()
+        return 0.99
+
+    async def words_finished(self, text: str, *, session: str = "") -> float:
+        return 0.05
+
+
+def test_the_turn_waits_for_a_late_answer_and_its_unfinished_words_hold_the_pause() -> None:
+    speech, late, more = 40, round(0.9 / CHUNK_S), round(1.0 / CHUNK_S)
+
+    async def scenario():
+        probs = [0.0] * 10 + [0.9] * speech + [0.0] * (late + more)
+        triton, socket = _LateAnswers(probs=probs, text="Can you tell me."), Socket()
+        session = _session(triton, socket)
+        await _mic(session, 10 + speech + late)  # 0.9 s of silence: past the 0.7-s rule
+        waited = "speech_end" not in socket.types()
+        triton.answer.set()
+        await asyncio.sleep(0.05)
+        held = "speech_end" not in socket.types()  # "can you tell me": 1.8 s
+        await _mic(session, more)
+        await session.close()
+        return waited, held, socket
+
+    waited, held, socket = asyncio.run(scenario())
+    assert waited and held
+    assert [m["ended_by"] for m in _of(socket, "speech_end")] == ["silence"]

@@ -21,6 +21,7 @@ from avatar.asr.agreement import common_prefix
 from avatar.live_protocol import INPUT_RATE
 from avatar.pipeline.priority import AsrPass, current_pass
 from avatar.vad import CHUNK_S
+from gateway import protocol
 from gateway.triton_client import Transcript
 
 if TYPE_CHECKING:
@@ -181,14 +182,8 @@ class Hearing:
 
     async def _caption(self, text: str, audio: np.ndarray, *, at_pause: bool) -> None:
         if text.strip():
-            await self.send_json(
-                {
-                    "type": "partial_transcript",
-                    "text": text.strip(),
-                    "at_pause": at_pause,
-                    "audio_s": round(len(audio) / INPUT_RATE, 3),
-                }
-            )
+            audio_s = round(len(audio) / INPUT_RATE, 3)
+            await self.send_json(protocol.partial_transcript(text.strip(), at_pause, audio_s))
 
     # ------------------------------------------------------------------ at a pause
 

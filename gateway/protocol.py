@@ -176,6 +176,61 @@ def ready(
     }
 
 
+def pong(t: Any) -> dict[str, Any]:
+    """The answer to a `ping`, echoing its `t` (the client's clock: a round trip)."""
+    return {"type": "pong", "t": t}
+
+
+def controls(merged: dict[str, Any]) -> dict[str, Any]:
+    """The settings in force after a `controls` message (earlier ones merged)."""
+    return {"type": "controls", "controls": merged}
+
+
+def speech_start() -> dict[str, Any]:
+    """The user began speaking (a reply being played is interrupted: barge-in)."""
+    return {"type": "speech_start"}
+
+
+def speech_end(utterance_s: float, ended_by: str | None = None) -> dict[str, Any]:
+    """The end of speech is confirmed: `utterance_s` of it and what ended the turn
+    (`audio`, `words`, `silence`); `utterance_s` 0 without `ended_by`: too short (a cough),
+    or too long, no turn."""
+    message: dict[str, Any] = {"type": "speech_end", "utterance_s": utterance_s}
+    if ended_by is not None:
+        message["ended_by"] = ended_by
+    return message
+
+
+def partial_transcript(text: str, at_pause: bool, audio_s: float) -> dict[str, Any]:
+    """A live caption of the utterance being spoken: what a pass over its first `audio_s`
+    seconds heard (`at_pause`: the pass at the first pause, the text its turn starts from)."""
+    return {"type": "partial_transcript", "text": text, "at_pause": at_pause, "audio_s": audio_s}
+
+
+def turn_start(
+    turn: int, spoken: bool, speculative_asr: bool, speculative_turn: bool, prefix_tokens: int
+) -> dict[str, Any]:
+    """A turn began from speech (`input` audio) or typed text."""
+    return {
+        "type": "turn_start",
+        "turn": turn,
+        "input": "audio" if spoken else "text",
+        "speculative_asr": speculative_asr,
+        "speculative_turn": speculative_turn,
+        "asr_prefix_tokens": prefix_tokens,
+    }
+
+
+def transcript(turn: int, text: str) -> dict[str, Any]:
+    """What the turn heard (or was typed): the text its reply answers."""
+    return {"type": "transcript", "turn": turn, "text": text, "final": True}
+
+
+def interrupt(turn: int, reason: str) -> dict[str, Any]:
+    """The turn's reply stops here (`barge-in`, `interrupt`, ...); its `turn_end` follows."""
+    return {"type": "interrupt", "turn": turn, "reason": reason}
+
+
 def sentence(turn: int, event: SentenceEvent, since_turn_start_ms: float) -> dict[str, Any]:
     """A reply sentence; its AUDIO and FRAMES follow."""
     return {

@@ -149,7 +149,7 @@ class LiveSession:
         elif kind == "resume":
             await self.resume(message.get("session_token"))
         else:
-            await self.send_json({"type": "pong", "t": message.get("t")})
+            await self.send_json(protocol.pong(message.get("t")))
 
     async def on_binary(self, data: bytes) -> None:
         self.pending = np.concatenate([self.pending, parse_mic(data)])
@@ -193,7 +193,7 @@ class LiveSession:
         if self.preset:  # the operator's text stays on the server
             controls.pop("persona", None)
             controls["persona_preset"] = self.preset
-        await self.send_json({"type": "controls", "controls": controls})
+        await self.send_json(protocol.controls(controls))
 
     async def close(self) -> None:
         self.hearing.budget.untrack(self.turns)
@@ -203,7 +203,7 @@ class LiveSession:
 
     async def _on_endpoint(self, event: EndpointEvent) -> None:
         if isinstance(event, SpeechStarted):
-            await self.send_json({"type": "speech_start"})
+            await self.send_json(protocol.speech_start())
             if self.turns.busy():  # barge-in: the user speaks over the avatar
                 await self.turns.interrupt("barge-in")
         elif isinstance(event, SpeechPaused):
@@ -225,7 +225,7 @@ class LiveSession:
                 return
             self.hearing.drop()  # a cough, a click; or noise, a monologue: not a question
             self.hearing.reset()
-            await self.send_json({"type": "speech_end", "utterance_s": 0.0})
+            await self.send_json(protocol.speech_end(0.0))
             if too_long:
                 raise RefusalError(
                     "too_long", f"an utterance longer than {limit:g} s: not answered"
@@ -244,7 +244,7 @@ class LiveSession:
         the pause, or (none) from the audio."""
         heard = self.hearing.end()
         seconds = round(len(audio) / INPUT_RATE, 3)
-        await self.send_json({"type": "speech_end", "utterance_s": seconds, "ended_by": ended_by})
+        await self.send_json(protocol.speech_end(seconds, ended_by))
         at_pause = await heard
         if at_pause is not None and at_pause.turn is not None:
             await self.turns.confirm(at_pause.turn)

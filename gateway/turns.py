@@ -97,7 +97,7 @@ class TurnManager:
             return
         turn.cancelled = reason  # not busy from here on
         if notify:
-            await self.send_json({"type": "interrupt", "turn": turn.number, "reason": reason})
+            await self.send_json(protocol.interrupt(turn.number, reason))
         turn.stop(reason)
         if turn.task is not None:
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -155,14 +155,13 @@ class TurnManager:
     async def _run(self, turn: Turn, audio: np.ndarray | None, text: str | None) -> None:
         await self._json(
             turn,
-            {
-                "type": "turn_start",
-                "turn": turn.number,
-                "input": "audio" if turn.spoken else "text",
-                "speculative_asr": turn.spoken and text is not None,
-                "speculative_turn": bool(turn.parent_session_id),
-                "asr_prefix_tokens": turn.asr_prefix_tokens,
-            },
+            protocol.turn_start(
+                turn.number,
+                turn.spoken,
+                speculative_asr=turn.spoken and text is not None,
+                speculative_turn=bool(turn.parent_session_id),
+                prefix_tokens=turn.asr_prefix_tokens,
+            ),
         )
         controls = {k: v for k, v in self.controls().items() if k != "render"}
         started = time.monotonic()
@@ -211,7 +210,7 @@ class TurnManager:
         if isinstance(event, TranscriptEvent):
             await self._json(
                 turn,
-                {"type": "transcript", "turn": turn.number, "text": event.text, "final": True},
+                protocol.transcript(turn.number, event.text),
             )
         elif isinstance(event, SentenceEvent):
             await self._sentence(turn, event, started)

@@ -15,9 +15,9 @@ from pathlib import Path
 from avatar.credentials import API_KEY_ENV, KEY_HEADER, read_secret
 from gateway.access import Hosts, Origins
 from gateway.app import Edge, run, ssl_context
-from gateway.flags import add_gateway_arguments
+from gateway.flags import add_gateway_arguments, session_options
 from gateway.limits import Limits
-from gateway.options import SessionOptions, load_personas
+from gateway.options import SessionOptions
 from gateway.triton_client import TritonAccess
 
 log = logging.getLogger("gateway")
@@ -59,28 +59,6 @@ def command_line() -> argparse.ArgumentParser:
     return parser
 
 
-def session_options(args: argparse.Namespace) -> SessionOptions:
-    return SessionOptions(
-        end_silence_s=args.end_silence_s,
-        endpointing=args.endpointing,
-        turn_complete_at=args.turn_complete_at,
-        turn_incomplete_silence_s=args.turn_incomplete_silence_s,
-        speculate_after_s=None if args.no_speculate else args.speculate_after_s,
-        speculate_turn=args.speculate_turn and not args.no_speculate,
-        partial_every_s=None if args.no_partials or args.no_speculate else args.partial_every_s,
-        detect_language_s=args.detect_language_s,
-        pause_first=not args.passes_alongside,
-        partial_max_answering=(
-            None if args.partials_max_answering < 0 else args.partials_max_answering
-        ),
-        model=args.model,
-        asr_model=args.asr_model,
-        max_utterance_s=args.max_utterance_s,
-        personas=load_personas(args.personas),
-        allow_persona_text=args.allow_persona_text,
-    )
-
-
 def edge(args: argparse.Namespace) -> Edge:
     limits = Limits(
         **{
@@ -112,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     run(
         args.triton_url,
-        session_options(args),
+        session_options(args, model=args.model, asr_model=args.asr_model),
         args.host,
         args.port,
         portrait=args.portrait,

@@ -17,10 +17,9 @@ import numpy as np
 
 from avatar.end_of_turn import ModelEndpointer
 from avatar.vad import AskTurnModel, Endpointer, TurnEndStrategy
-from gateway.options import SessionOptions
+from gateway.options import STRATEGIES, SessionOptions
 
 log = logging.getLogger(__name__)
-STRATEGIES = ("model", "silence")
 
 
 def endpointer(options: SessionOptions) -> TurnEndStrategy:

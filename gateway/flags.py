@@ -5,12 +5,12 @@ ones given to it (`forwarded`). Defaults are Limits' and SessionOptions'."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from pathlib import Path
 
-from gateway.endpointing import STRATEGIES
 from gateway.limits import Limits, default_capacity
-from gateway.options import SessionOptions
+from gateway.options import SessionOptions, load_personas
 
 ORIGINS_ENV = "AVATAR_GATEWAY_ORIGINS"
 HOSTS_ENV = "AVATAR_GATEWAY_HOSTS"
@@ -48,11 +48,6 @@ def add_gateway_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGr
         type=Path,
         help='JSON {"name": "persona text", ...}: the personas a web client may choose by name',
     )
-    add(
-        "--allow-persona-text",
-        action="store_true",
-        help="let web clients send free persona text (by default only the operator key may)",
-    )
     limits = Limits()
     for name, help_ in [
         ("max_connections", "open connections in all"),
@@ -77,80 +72,47 @@ def add_gateway_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGr
             default=value,
             help=help_,
         )
-    add(
-        "--max-utterance-s",
-        type=float,
-        default=SessionOptions.max_utterance_s,
-        help="an utterance this long is cut and not answered",
-    )
-    add(
-        "--end-silence-s",
-        type=float,
-        default=SessionOptions.end_silence_s,
-        help="silence that ends an utterance",
-    )
-    add(
-        "--endpointing",
-        choices=STRATEGIES,
-        default=SessionOptions.endpointing,
-        help="model: the end-of-turn model (turn_detector) asked at short pauses ends a "
-        "complete turn at once and lets an unfinished one pause longer; silence: "
-        "--end-silence-s of silence ends every turn",
-    )
-    add(
-        "--turn-complete-at",
-        type=float,
-        default=SessionOptions.turn_complete_at,
-        help="the model's probability at which a turn is complete",
-    )
-    add(
-        "--turn-incomplete-silence-s",
-        type=float,
-        default=SessionOptions.turn_incomplete_silence_s,
-        help="the silence that ends a turn the model called incomplete",
-    )
-    add(
-        "--speculate-after-s",
-        type=float,
-        default=SessionOptions.speculate_after_s,
-        help="start ASR at a pause this long, before the end of speech is confirmed",
-    )
-    add("--no-speculate", action="store_true", help="the avatar model transcribes each turn")
-    add(
-        "--speculate-turn",
-        action="store_true",
-        help="at that pause also start the reply (in a fork of the conversation), held until "
-        "the end of speech is confirmed",
-    )
-    add(
-        "--partial-every-s",
-        type=float,
-        default=SessionOptions.partial_every_s,
-        help="while the user speaks, transcribe the speech so far every this many seconds "
-        "(what two passes agree on is where the transcript at the pause starts)",
-    )
-    add("--no-partials", action="store_true", help="no transcription while the user speaks")
-    add(
-        "--partials-max-answering",
-        type=int,
-        default=SessionOptions.partial_max_answering or -1,
-        help="no transcription while the user speaks while more than this many replies are "
-        "being generated in this gateway (-1, the default: no such limit)",
-    )
-    add(
-        "--passes-alongside",
-        action="store_true",
-        help="let the passes while speaking run alongside a pass at a pause (by default that "
-        "pass cancels them and none starts until it is done)",
-    )
-    add(
-        "--detect-language-s",
-        type=float,
-        default=SessionOptions.detect_language_s,
-        help="until a session's language is known, its passes while speaking wait for this "
-        "much speech (Whisper guesses the language of one second badly)",
-    )
+    for field in session_flags():
+        added += _session_flag(parser, field)
     return added
+
+
+def session_flags() -> list[dataclasses.Field]:
+    """SessionOptions' fields that are flags (made with gateway.options.flag)."""
+    return [f for f in dataclasses.fields(SessionOptions) if "help" in f.metadata]
+
+
+def _option(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _session_flag(parser, field: dataclasses.Field) -> list:
+    """The flag (and its `off` flag) of one SessionOptions field."""
+    meta = dict(field.metadata)
+    help_, off, negated = meta.pop("help"), meta.pop("off", None), meta.pop("negated", None)
+    name = meta.pop("name", _option(field.name))
+    if isinstance(field.default, bool):
+        if negated:  # a setting on by default: its flag turns it off
+            return [parser.add_argument(negated, dest=field.name, action="store_false", help=help_)]
+        return [parser.add_argument(name, dest=field.name, action="store_true", help=help_)]
+    meta.setdefault("type", type(field.default))
+    added = [parser.add_argument(name, dest=field.name, default=field.default, help=help_, **meta)]
+    if off:
+        added.append(parser.add_argument(off[0], action="store_true", help=off[1]))
+    return added
+
+
+def session_options(args: argparse.Namespace, **more) -> SessionOptions:
+    """SessionOptions from the flags `add_gateway_arguments` added (`more`: fields that are
+    not flags of the gateway, e.g. the models' names)."""
+    values = {f.name: getattr(args, f.name) for f in session_flags()}
+    for field in session_flags():
+        off = field.metadata.get("off")
+        if off and getattr(args, off[0].removeprefix("--").replace("-", "_")):
+            values[field.name] = None
+    if values["speculate_after_s"] is None:  # no pass at the pause: nothing to start from
+        values.update(speculate_turn=False, partial_every_s=None)
+    return SessionOptions(**values, personas=load_personas(args.personas), **more)
 
 
 def forwarded(args: argparse.Namespace, actions: list) -> list[str]:
@@ -162,7 +124,7 @@ def forwarded(args: argparse.Namespace, actions: list) -> list[str]:
         if value == action.default:
             continue
         option = action.option_strings[0]
-        if isinstance(action, argparse._StoreTrueAction):
+        if isinstance(action, argparse._StoreConstAction):  # store_true, store_false
             argv.append(option)
         else:
             argv += [option, str(value)]

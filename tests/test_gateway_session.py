@@ -215,6 +215,40 @@ def test_the_command_line_defaults_are_the_session_options() -> None:
     assert not off.speculate_turn and off.end_silence_s == 1.0
 
 
+def test_every_flag_of_the_sessions_is_a_session_option_and_is_forwarded() -> None:
+    """The gateway's session flags are generated from SessionOptions (gateway/flags.py): each
+    one sets its field, and `avatar serve --web` forwards what differs from the default."""
+    import argparse
+    import dataclasses
+
+    from gateway.flags import add_gateway_arguments, forwarded, session_flags, session_options
+
+    parser = argparse.ArgumentParser()
+    actions = add_gateway_arguments(parser)
+    named = {a.dest for a in actions}
+    assert {f.name for f in session_flags()} <= named
+    argv = ["--passes-alongside", "--partials-max-answering", "2", "--no-partials",
+            "--endpointing", "silence", "--allow-persona-text",
+            "--detect-language-s", "3"]  # fmt: skip
+    args = parser.parse_args(argv)
+    options = session_options(args)
+    assert not options.pause_first and options.partial_max_answering == 2
+    assert options.partial_every_s is None and options.endpointing == "silence"
+    assert options.allow_persona_text and options.detect_language_s == 3.0
+    changed = {f.name for f in dataclasses.fields(SessionOptions)} - {
+        f.name for f in dataclasses.fields(SessionOptions)
+        if getattr(options, f.name) == getattr(SessionOptions(), f.name)
+    }  # fmt: skip
+    assert changed == {"pause_first", "partial_max_answering", "partial_every_s", "endpointing",
+                       "allow_persona_text", "detect_language_s"}  # fmt: skip
+    assert sorted(forwarded(args, actions)) == sorted(
+        ["--passes-alongside", "--partials-max-answering", "2", "--no-partials",
+         "--endpointing", "silence", "--allow-persona-text", "--detect-language-s", "3.0"]
+    )  # fmt: skip
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--endpointing", "psychic"])
+
+
 class _LateAnswers(FakeTriton):
     """The end-of-turn models answer only once `answer` is set: the audio finished, the
     words not."""

@@ -7,7 +7,7 @@ import dataclasses
 import json
 import os
 import platform
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,28 @@ def write_rows(rows: Sequence[Any], path: Path, meta: dict[str, Any] | None = No
     blob = {"machine": machine(), **(meta or {}), "rows": dicts}
     path.with_suffix(".json").write_text(json.dumps(blob, indent=1))
     return csv_path
+
+
+def tables_per_set(
+    sets: dict[str, dict[str, Any]],
+    columns: Sequence[str],
+    cells: Callable[[str, dict[str, Any], dict[str, Any]], Sequence[str]],
+) -> str:
+    """One markdown table per clip set ({name: {"clips", "seconds", "settings": {key:
+    row}}}): a line naming the set, then a row per setting, `cells(key, row, data)`."""
+    lines = []
+    for name, data in sets.items():
+        seconds = data["seconds"]
+        lines += [
+            f"**{name}**: {data['clips']} clips, {min(seconds):.1f}-{max(seconds):.1f} s",
+            "",
+            "| " + " | ".join(columns) + " |",
+            "|---|" + "---:|" * (len(columns) - 1),
+        ]
+        for key, row in data["settings"].items():
+            lines.append("| " + " | ".join(cells(key, row, data)) + " |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 def save_results(out: Path, name: str, results: Any, table: str) -> None:

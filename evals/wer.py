@@ -9,7 +9,7 @@ intelligibility gate, perf and the tests all count words with `words`.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from avatar.tts.normalize import normalize
 
@@ -18,14 +18,30 @@ def words(text: str) -> list[str]:
     return re.sub(r"[^\w\s']", " ", normalize(text).lower().replace("-", " ")).split()
 
 
+def _rows(reference: Sequence[str], hypothesis: Sequence[str]) -> Iterator[list[int]]:
+    """Levenshtein over words, one reference word at a time: row i (from 0) holds the edits
+    between reference[:i] and each hypothesis[:j]."""
+    row = list(range(len(hypothesis) + 1))
+    yield row
+    for i, r in enumerate(reference, 1):
+        prev, row = row, [i]
+        for j, h in enumerate(hypothesis, 1):
+            row.append(min(prev[j] + 1, row[j - 1] + 1, prev[j - 1] + (r != h)))
+        yield row
+
+
 def edits(reference: Sequence[str], hypothesis: Sequence[str]) -> int:
     """Levenshtein distance over words (substitutions, insertions, deletions)."""
-    row = list(range(len(hypothesis) + 1))
-    for i, r in enumerate(reference, 1):
-        prev, row[0] = row[0], i
-        for j, h in enumerate(hypothesis, 1):
-            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (r != h))
-    return row[-1]
+    *_, last = _rows(reference, hypothesis)
+    return last[-1]
+
+
+def prefix_errors(reference: str, hypothesis: str) -> tuple[int, int]:
+    """(word edits, reference words) against the start of `reference` that `hypothesis` is
+    closest to (the longest such start on a tie): a pass over the first seconds of speech."""
+    ref, hyp = words(reference), words(hypothesis)
+    best = min((row[-1], -i) for i, row in enumerate(_rows(ref, hyp)))
+    return best[0], -best[1]
 
 
 def word_errors(reference: str, hypothesis: str) -> tuple[int, int]:

@@ -27,7 +27,7 @@ from avatar.asr.transcribe import AsrOptions, Transcript, transcribe
 from avatar.asr.vocab import WhisperVocab
 from evals.clips import Clip, clips
 from evals.recordings import human_clips
-from evals.report import DEFAULT_OUT, save_results
+from evals.report import DEFAULT_OUT, save_results, tables_per_set
 from evals.wer import corpus_wer
 from export.asr.weights import packaged_ct2_dir
 from export.registry import ensure_all
@@ -125,22 +125,12 @@ def run(every: list[float]) -> dict:
 
 
 def markdown(results: dict) -> str:
-    lines = []
-    for name, data in results["sets"].items():
-        seconds = data["seconds"]
-        lines += [
-            f"**{name}**: {data['clips']} clips, {min(seconds):.1f}-{max(seconds):.1f} s",
-            "",
-            "| final pass | WER | decoder steps | ms p50 | ms p95 |",
-            "|---|---:|---:|---:|---:|",
-        ]
-        for key, row in data["settings"].items():
-            lines.append(
-                f"| {key} | {row['wer']:.3f} | {row['decoder_steps']} "
-                f"| {row['ms_p50']:.0f} | {row['ms_p95']:.0f} |"
-            )
-        lines.append("")
-    return "\n".join(lines)
+    def cells(key: str, row: dict, data: dict) -> list[str]:
+        return [key, f"{row['wer']:.3f}", str(row["decoder_steps"]),
+                f"{row['ms_p50']:.0f}", f"{row['ms_p95']:.0f}"]  # fmt: skip
+
+    columns = ["final pass", "WER", "decoder steps", "ms p50", "ms p95"]
+    return tables_per_set(results["sets"], columns, cells)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -39,7 +39,7 @@ from avatar.asr.vocab import WhisperVocab
 from evals.clips import Clip, clips
 from evals.recordings import human_clips
 from evals.report import DEFAULT_OUT, machine, save_results
-from evals.wer import corpus_wer, words
+from evals.wer import corpus_wer, prefix_errors
 
 log = logging.getLogger(__name__)
 OUT = DEFAULT_OUT / "asr_tiny"
@@ -76,22 +76,6 @@ def models(threads: int = 1) -> dict[str, Model]:
         # Whisper's own 30-s window (tiny.en loops on the served short windows)
         TINY_FULL: Model(tiny, tiny_vocab(), dataclasses.replace(tiny_served, window_step=None)),
     }
-
-
-def prefix_errors(reference: str, hypothesis: str) -> tuple[int, int]:
-    """(word edits, reference words) against the start of `reference` that `hypothesis` is
-    closest to (the longest such start on a tie): a pass over the first seconds of speech."""
-    ref, hyp = words(reference), words(hypothesis)
-    # column k of the last row: edits between ref[:k] and hyp (Levenshtein, hyp fixed)
-    column = list(range(len(hyp) + 1))  # ref[:0] vs hyp[:j]
-    best = (column[-1], 0)
-    for k, r in enumerate(ref, 1):
-        row = [k]
-        for j, h in enumerate(hyp, 1):
-            row.append(min(column[j] + 1, row[j - 1] + 1, column[j - 1] + (r != h)))
-        column = row
-        best = min(best, (column[-1], -k))
-    return best[0], -best[1]
 
 
 def prefix_wer(references: list[str], hypotheses: list[str]) -> float:

@@ -31,7 +31,7 @@ from avatar.asr.transcribe import AsrOptions, transcribe
 from avatar.asr.vocab import WhisperVocab
 from evals.clips import Clip, clips
 from evals.recordings import human_clips
-from evals.report import DEFAULT_OUT, save_results
+from evals.report import DEFAULT_OUT, save_results, tables_per_set
 from evals.wer import corpus_wer
 from export.asr.weights import packaged_ct2_dir
 from export.registry import ensure_all
@@ -116,24 +116,14 @@ def run(settings=SETTINGS, repeat: int = 1, threads: int = 1) -> dict:
 
 
 def markdown(results: dict) -> str:
-    lines = []
-    for name, data in results["sets"].items():
-        seconds = data["seconds"]
-        lines += [
-            f"**{name}**: {data['clips']} clips, {min(seconds):.1f}-{max(seconds):.1f} s",
-            "",
-            "| window | WER | WER vs full (points) | transcripts != full | ms p50 | ms p95 |",
-            "|---|---:|---:|---:|---:|---:|",
-        ]
+    def cells(key: str, row: dict, data: dict) -> list[str]:
         full = data["settings"].get("full")
-        for key, row in data["settings"].items():
-            delta = "" if full is None else f"{(row['wer'] - full['wer']) * 100:+.1f}"
-            lines.append(
-                f"| {key} | {row['wer']:.3f} | {delta} | {row['differs_from_full']} "
-                f"| {row['ms_p50']:.0f} | {row['ms_p95']:.0f} |"
-            )
-        lines.append("")
-    return "\n".join(lines)
+        delta = "" if full is None else f"{(row['wer'] - full['wer']) * 100:+.1f}"
+        return [key, f"{row['wer']:.3f}", delta, str(row["differs_from_full"]),
+                f"{row['ms_p50']:.0f}", f"{row['ms_p95']:.0f}"]  # fmt: skip
+
+    columns = ["window", "WER", "WER vs full (points)", "transcripts != full", "ms p50", "ms p95"]
+    return tables_per_set(results["sets"], columns, cells)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

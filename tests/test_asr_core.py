@@ -177,6 +177,16 @@ def test_wer_ignores_case_punctuation_and_digits_vs_words():
     assert corpus_wer(["a b c d", "e"], ["a b c d", "x"]) == 1 / 5
 
 
+def test_a_pass_over_the_first_seconds_is_scored_against_the_closest_start():
+    from evals.wer import prefix_errors
+
+    said = "what time does the museum open on sunday"
+    assert prefix_errors(said, "What time does") == (0, 3)  # the words said so far: no error
+    assert prefix_errors(said, "what time is the") == (1, 4)  # one substitution
+    assert prefix_errors(said, "") == (0, 0)
+    assert prefix_errors("a a", "a") == (0, 1)  # the first word said, not "a a" one short
+
+
 def test_passes_agree_on_whole_words_only(vocab):
     from avatar.asr.agreement import check_prefix, common_prefix, whole_words
     from avatar.asr.vocab import _tokenizer

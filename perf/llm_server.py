@@ -24,9 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-from avatar.llm.bench import QUESTIONS
 from evals.report import DEFAULT_OUT, save_results
 from perf.harness import at_concurrency, serve, warm_up
+from perf.llm_generation import QUESTIONS
 
 log = logging.getLogger(__name__)
 

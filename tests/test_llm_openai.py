@@ -35,7 +35,7 @@ from avatar.llm.sampling import SamplingParams
 from avatar.llm.scheduler import Event
 from avatar.llm.settings import llm_settings
 from avatar.llm.template import Message
-from avatar.triton.params import ModelParameters
+from avatar.model_parameters import ModelParameters
 from serving.local_services import LlamaServer
 
 KEY = "test-key-0123456789"

@@ -13,10 +13,10 @@ import pytest
 from avatar.llm.backend import Reply, ReplyBackend
 from avatar.llm.engine import ChatEngine
 from avatar.llm.persona import Persona, PersonaError, load_persona
-from avatar.llm.persona_bench import persona_config, says_name
 from avatar.llm.scheduler import Event
 from avatar.llm.stream import Chunk
 from avatar.llm.template import Message
+from evals.persona import persona_config, says_name
 
 TOML = """
 name = "Zora"
@@ -121,10 +121,10 @@ def test_serve_checks_the_persona_and_endpoint_before_starting(tmp_path: Path):
 
 @pytest.mark.slow
 def test_the_packaged_model_gives_the_persona_name():
-    """docs/llm.md's figure: `python -m avatar.llm.persona_bench --folder ...`."""
+    """docs/llm.md's figure: `python -m evals.persona --folder ...`."""
     from avatar.llm.decoder import OrtDecoder
-    from avatar.llm.persona_bench import name_share
     from avatar.llm.tokenizer import Tokenizer
+    from evals.persona import name_share
     from export.registry import ensure_all
 
     folder = Path(ensure_all(["llm_decoder"])["llm_decoder"])

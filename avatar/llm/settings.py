@@ -23,7 +23,7 @@ from avatar.llm.backend import BACKENDS
 from avatar.llm.openai_api import Endpoint
 from avatar.llm.persona import PERSONA_FILE_ENV, load_persona
 from avatar.llm.template import Message
-from avatar.triton.params import ModelParameters
+from avatar.model_parameters import ModelParameters
 
 BACKEND_ENV = "AVATAR_LLM_BACKEND"
 URL_ENV = "AVATAR_LLM_URL"

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
+from avatar.model_parameters import ModelParameters
 from avatar.onnx_batching import BatchedSession
 from avatar.triton.bls import error_response, input_array
 from avatar.triton.diagnostics import enable_crash_reports
-from avatar.triton.params import ModelParameters
 
 
 class TritonPythonModel:

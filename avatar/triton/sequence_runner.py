@@ -27,9 +27,9 @@ from avatar.errors import RequestError
 from avatar.llm.cache import PrefixCache
 from avatar.llm.decoder import OrtDecoder
 from avatar.llm.sequences import KvCacheSequences, Step
+from avatar.model_parameters import ModelParameters
 from avatar.triton.bls import error_response, input_array
 from avatar.triton.diagnostics import enable_crash_reports
-from avatar.triton.params import ModelParameters
 
 DEFAULT_IDLE_US = 1_000_000  # Triton's default max_sequence_idle_microseconds
 

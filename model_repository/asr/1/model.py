@@ -20,6 +20,7 @@ from avatar.asr.sequences import SequenceWindows, WindowStep
 from avatar.asr.transcribe import AsrOptions, Transcript, check_audio, transcribe
 from avatar.asr.vocab import WhisperVocab
 from avatar.errors import RequestError
+from avatar.model_parameters import ModelParameters
 from avatar.pipeline.priority import AsrPass, pass_of, shares
 from avatar.triton.bls import (
     cancellation_check,
@@ -32,7 +33,6 @@ from avatar.triton.bls import (
 )
 from avatar.triton.diagnostics import enable_crash_reports
 from avatar.triton.metrics import PassCost
-from avatar.triton.params import ModelParameters
 from avatar.vad import OUTPUTS, speech_probabilities, speech_segments
 
 # audio longer than one 30-s window: "windows" = Whisper's sequential windows (as

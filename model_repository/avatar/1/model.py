@@ -19,6 +19,7 @@ import triton_python_backend_utils as pb_utils
 from avatar.animation.emotion_classifier import EmotionClassifier, SentenceTokenizer
 from avatar.knowledge import KNOWLEDGE_DIR_ENV, KnowledgeBase, KnowledgeConfig
 from avatar.languages import speech_language
+from avatar.model_parameters import ModelParameters
 from avatar.pipeline import Heard, PipelineConfig, Speech, Stages, TurnRequest, parse_turn
 from avatar.pipeline.prompt import KNOWLEDGE_SAMPLING, llm_messages, llm_sampling
 from avatar.pipeline.runner import RunnerConfig, Tensors, TurnRunner
@@ -27,7 +28,6 @@ from avatar.session_tokens import SessionTokens
 from avatar.triton import bls
 from avatar.triton.diagnostics import enable_crash_reports
 from avatar.triton.metrics import Counter, Gauge
-from avatar.triton.params import ModelParameters
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 LLM_OUTPUTS = ["text", "sentence", "finish_reason", "stats"]

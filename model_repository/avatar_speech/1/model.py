@@ -10,10 +10,10 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from avatar.model_parameters import ModelParameters
 from avatar.pipeline.speech import TTS_OUTPUTS, join_speech, speech_from_tts
 from avatar.triton import bls
 from avatar.triton.diagnostics import enable_crash_reports
-from avatar.triton.params import ModelParameters
 
 
 class TritonPythonModel:

@@ -38,11 +38,11 @@ from avatar.llm.session import SESSION_TTL_S, STORE_URL_ENV, MemoryStore, open_s
 from avatar.llm.settings import LlmSettings, llm_settings
 from avatar.llm.tokenizer import Tokenizer
 from avatar.llm.trtllm import TensorRtLlmBackend
+from avatar.model_parameters import ModelParameters
 from avatar.session_tokens import SessionTokens
 from avatar.triton import bls
 from avatar.triton.diagnostics import enable_crash_reports
 from avatar.triton.metrics import Failures, Gauge
-from avatar.triton.params import ModelParameters
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 

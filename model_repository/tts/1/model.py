@@ -12,10 +12,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from avatar.model_parameters import ModelParameters
 from avatar.triton import bls
 from avatar.triton.diagnostics import enable_crash_reports
 from avatar.triton.metrics import Gauge
-from avatar.triton.params import ModelParameters
 from avatar.tts.normalize import MAX_CHARS
 from avatar.tts.phonemes import MAX_PHONEMES, Phonemizer
 from avatar.tts.request import CONTROL_INPUTS, LANGUAGE_INPUT, language_of, parse_request

@@ -2,7 +2,7 @@
 name?" that contain the persona's name, over sessions and sampling seeds, for any chat
 engine (the packaged decoder in process, or an OpenAI-compatible endpoint).
 
-    python -m avatar.llm.persona_bench --folder ARTIFACT [--endpoint URL] [--persona FILE]
+    python -m evals.persona --folder ARTIFACT [--endpoint URL] [--persona FILE]
 
 ARTIFACT: the llm_decoder artifact folder (python -c "from export.registry import
 ensure_all; print(ensure_all(['llm_decoder'])['llm_decoder'])"). Figures are printed,

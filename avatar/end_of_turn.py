@@ -7,7 +7,7 @@ waveform normalised to zero mean and unit variance first, as its authors' featur
 (transformers' `WhisperFeatureExtractor(chunk_length=8, do_normalize=True)`) computes it;
 it answers the probability that the speaker has finished their turn.
 
-`ModelEndpointer` is one `avatar.vad.TurnEndStrategy` among others: at short silences
+`ModelEndpointer` is one `avatar.endpointing.TurnEndStrategy` among others: at short silences
 inside speech it asks the models (`AskTurnModel`: the gateway sends the audio to
 `turn_detector` and the transcript at the pause to `turn_words`, avatar/turn_words.py) and
 fuses the two answers (`Fusion`): a "complete" answer ends the turn at once, words that are
@@ -22,7 +22,8 @@ import dataclasses
 import numpy as np
 
 from avatar.asr.features import log_mel
-from avatar.vad import CHUNK_S, AskTurnModel, Endpointer, EndpointEvent, TooShort, Utterance
+from avatar.endpointing import AskTurnModel, Endpointer, EndpointEvent, TooShort, Utterance
+from avatar.vad import CHUNK_S
 
 SAMPLE_RATE = 16_000
 WINDOW_S = 8  # the model hears the last 8 s

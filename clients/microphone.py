@@ -16,7 +16,8 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from avatar.vad import CHUNK, SAMPLE_RATE, Endpointer, VadStream
+from avatar.endpointing import Endpointer
+from avatar.vad import CHUNK, SAMPLE_RATE, VadStream
 from clients.vad_stream import infer
 
 log = logging.getLogger(__name__)

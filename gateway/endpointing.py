@@ -1,4 +1,4 @@
-"""The session's end-of-turn strategy (avatar.vad.TurnEndStrategy), chosen by the gateway's
+"""The session's end-of-turn strategy (avatar.endpointing.TurnEndStrategy), chosen by the gateway's
 options, and the asks of one session to the `turn_detector` model.
 
 `model` (the default): silence endpointing that the end-of-turn models cut short
@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 import numpy as np
 
 from avatar.end_of_turn import ModelEndpointer
-from avatar.vad import AskTurnModel, Endpointer, TurnEndStrategy
+from avatar.endpointing import AskTurnModel, Endpointer, TurnEndStrategy
 from gateway.options import STRATEGIES, SessionOptions
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from avatar.end_of_turn import ASK_AT_S, COMPLETE_AT, INCOMPLETE_SILENCE_S, Fusion
-from avatar.vad import END_SILENCE_S
+from avatar.endpointing import END_SILENCE_S
 
 STRATEGIES = ("model", "silence")  # the end-of-turn strategies (gateway/endpointing.py)
 

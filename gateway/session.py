@@ -14,13 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from avatar.errors import RequestError
-from avatar.live_protocol import INPUT_RATE, ProtocolError, parse_mic
-from avatar.pipeline.request import Controls
-from avatar.session_tokens import SessionTokens
-from avatar.vad import (
-    CHUNK,
-    CHUNK_S,
+from avatar.endpointing import (
     AskTurnModel,
     EndpointEvent,
     SpeechPaused,
@@ -29,8 +23,12 @@ from avatar.vad import (
     TooShort,
     TurnEndStrategy,
     Utterance,
-    VadStream,
 )
+from avatar.errors import RequestError
+from avatar.live_protocol import INPUT_RATE, ProtocolError, parse_mic
+from avatar.pipeline.request import Controls
+from avatar.session_tokens import SessionTokens
+from avatar.vad import CHUNK, CHUNK_S, VadStream
 from gateway import protocol
 from gateway.endpointing import TurnAsks, endpointer
 from gateway.hearing import Hearing, PassBudget

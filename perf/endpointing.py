@@ -34,7 +34,7 @@ from avatar.end_of_turn import ASK_AT_S
 from evals.report import DEFAULT_OUT, save_results
 
 if TYPE_CHECKING:
-    from avatar.vad import EndpointEvent, TurnEndStrategy
+    from avatar.endpointing import EndpointEvent, TurnEndStrategy
 
 log = logging.getLogger(__name__)
 OUT = DEFAULT_OUT / "endpointing"
@@ -83,15 +83,8 @@ def endpoints(
     arriving after the longer of `ask_latency_s` and the time its transcript took;
     `pause_pass_s(audio)`: how long the transcript of the pass at the first pause takes."""
     from avatar.end_of_turn import ModelEndpointer
-    from avatar.vad import (
-        CHUNK,
-        CHUNK_S,
-        Endpointer,
-        SpeechPaused,
-        SpeechResumed,
-        Utterance,
-        chunks,
-    )
+    from avatar.endpointing import Endpointer, SpeechPaused, SpeechResumed, Utterance
+    from avatar.vad import CHUNK, CHUNK_S, chunks
 
     if model is None:
         endpointer: Endpointer = Endpointer(end_silence_s=end_silence_s, pause_s=PAUSE_S)
@@ -135,7 +128,8 @@ def endpoint_events(
     `ask(audio, audio at the pause)`, and the answer reaches `decide` at the first chunk
     after `ask_latency_s` from the ask and after the pause's transcript is done (it started
     at the pause: SpeechPaused; without one, at the ask)."""
-    from avatar.vad import CHUNK_S, AskTurnModel, SpeechPaused, SpeechResumed
+    from avatar.endpointing import AskTurnModel, SpeechPaused, SpeechResumed
+    from avatar.vad import CHUNK_S
 
     answers: list[tuple[int, float, int, str | None]] = []  # (due chunk, p, pause, text)
     paused: tuple[int, np.ndarray] | None = None  # the pause's chunk and audio

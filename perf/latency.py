@@ -56,7 +56,7 @@ from pathlib import Path
 
 import numpy as np
 
-from avatar.vad import END_SILENCE_S
+from avatar.endpointing import END_SILENCE_S
 from evals.report import DEFAULT_OUT, plot_bars, write_rows
 from gateway.process import running_gateway
 from perf.harness import concurrently, playback, serve

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from avatar.vad import END_SILENCE_S
+from avatar.endpointing import END_SILENCE_S
 from evals.report import DEFAULT_OUT, write_rows
 from gateway.process import running_gateway
 from perf.harness import serve

@@ -47,7 +47,7 @@ from evals.turn_taking import FAMILIES, PAUSES, SAMPLE_RATE, SPLITS, Item, items
 from perf.endpointing import ASK_LATENCY_MS, PAUSE_S, Ask, endpoint_events
 
 if TYPE_CHECKING:
-    from avatar.vad import TurnEndStrategy
+    from avatar.endpointing import TurnEndStrategy
 
 log = logging.getLogger(__name__)
 OUT = DEFAULT_OUT / "turn_taking"
@@ -61,7 +61,7 @@ Strategy = tuple[str, Callable[[], "TurnEndStrategy"], Scorer | None]
 def default_strategies() -> list[Strategy]:
     """Today's silence rule and the audio model with the transcript read by rule."""
     from avatar.end_of_turn import ModelEndpointer
-    from avatar.vad import Endpointer
+    from avatar.endpointing import Endpointer
 
     return [
         ("silence 0.7", lambda: Endpointer(end_silence_s=0.7, pause_s=PAUSE_S), None),
@@ -243,7 +243,8 @@ def outcome(
     ask_latency_s: float,
 ) -> Outcome:
     """Run `strategy` over `item` (an unfinished one only until its last word ends)."""
-    from avatar.vad import CHUNK, TooShort, Utterance, chunks
+    from avatar.endpointing import TooShort, Utterance
+    from avatar.vad import CHUNK, chunks
 
     _, factory, scorer = strategy
     endpointer = factory()

@@ -18,8 +18,9 @@ from avatar.end_of_turn import (
     text_complete,
     turn_features,
 )
+from avatar.endpointing import AskTurnModel, SpeechPaused, TooShort, Utterance
 from avatar.turn_words import FEATURES, features, words
-from avatar.vad import CHUNK, CHUNK_S, AskTurnModel, SpeechPaused, TooShort, Utterance
+from avatar.vad import CHUNK, CHUNK_S
 from evals.recordings import human_clips
 
 
@@ -196,7 +197,7 @@ def test_a_click_that_the_model_calls_complete_is_too_short() -> None:
 
 
 def test_the_silence_endpointer_never_asks() -> None:
-    from avatar.vad import Endpointer
+    from avatar.endpointing import Endpointer
 
     endpointer = Endpointer(pause_s=0.2)
     events = [e for p in SPEECH + [0.0] * 30 for e in endpointer.step(np.zeros(CHUNK), p)]

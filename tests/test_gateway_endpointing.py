@@ -1,13 +1,11 @@
-"""The endpointing state machine (avatar.vad.Endpointer) over scripted speech
+"""The endpointing state machine (avatar.endpointing.Endpointer) over scripted speech
 probabilities: the events it emits, in order, with the audio they carry. No server."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from avatar.vad import (
-    CHUNK,
-    CHUNK_S,
+from avatar.endpointing import (
     Endpointer,
     SpeechPaused,
     SpeechResumed,
@@ -15,6 +13,7 @@ from avatar.vad import (
     TooShort,
     Utterance,
 )
+from avatar.vad import CHUNK, CHUNK_S
 
 
 def _run(endpointer: Endpointer, probs: list[float]) -> list[tuple[int, object]]:

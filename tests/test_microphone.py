@@ -8,7 +8,8 @@ import importlib.util
 import numpy as np
 import pytest
 
-from avatar.vad import CHUNK, SAMPLE_RATE, Endpointer, chunks
+from avatar.endpointing import Endpointer
+from avatar.vad import CHUNK, SAMPLE_RATE, chunks
 from clients.microphone import _sounddevice, listen
 
 pytestmark = pytest.mark.server

@@ -4,7 +4,7 @@ strategies decide it. `Endpointer` ends a turn after a silence; in its place ano
 `TurnEndStrategy` with the same methods, avatar.end_of_turn.ModelEndpointer, asks the
 end-of-turn models at short pauses. What each step changed comes back as events
 (SpeechStarted, SpeechPaused, ..., Utterance); the live gateway acts on them
-(gateway/session.py)."""
+(gateway/connection.py)."""
 
 from __future__ import annotations
 

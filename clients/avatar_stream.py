@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from avatar.conversation_tokens import affinity_headers
 from avatar.credentials import API_KEY_ENV, grpc_key_headers, read_secret
 from avatar.pipeline import schema
-from avatar.session_tokens import affinity_headers
 
 
 @dataclasses.dataclass

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from avatar.audio import read_wav, resample
-from avatar.session_tokens import NEW_SESSION
+from avatar.conversation_tokens import NEW_SESSION
 from avatar.vad import SAMPLE_RATE
 from clients.avatar_stream import api_key_headers, stream_turn
 from clients.microphone import Speaker, listen, microphone_chunks

@@ -28,8 +28,8 @@ import time
 from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
 
+from avatar.conversation_tokens import SECRET_ENV
 from avatar.credentials import GATEWAY_KEY_ENV, read_secret
-from avatar.session_tokens import SECRET_ENV
 from gateway.protocol import RefusalError
 
 log = logging.getLogger(__name__)

@@ -21,9 +21,9 @@ from pathlib import Path
 from aiohttp import WSMsgType, web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from avatar.conversation_tokens import ConversationTokens
 from avatar.credentials import read_secret
 from avatar.live_protocol import INPUT_RATE, ProtocolError
-from avatar.session_tokens import SessionTokens
 from gateway import protocol
 from gateway.access import (
     KEY_ENV,
@@ -37,12 +37,12 @@ from gateway.access import (
     Origins,
     offered_protocols,
 )
+from gateway.connection import Connection
 from gateway.hearing import PassBudget
 from gateway.limits import ConnectionCaps, ConnectionLimits, Limits, Slot
 from gateway.metrics import CONTENT_TYPE, Metrics
 from gateway.options import SessionOptions
 from gateway.protocol import RefusalError
-from gateway.session import LiveSession
 from gateway.triton_client import TritonAccess, TritonClient
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ class Edge:
 
     access: Access
     limits: Limits
-    tokens: SessionTokens
+    tokens: ConversationTokens
     caps: ConnectionCaps
     metrics: Metrics
     hosts: Hosts = dataclasses.field(default_factory=Hosts)
@@ -82,13 +82,13 @@ class Edge:
         hosts of the allowed origins (and localhost, IP literals)."""
         limits, origins = limits or Limits(), origins or Origins()
         key = read_secret(KEY_ENV, env) or None
-        tokens = SessionTokens.from_environment(env)
+        tokens = ConversationTokens.from_environment(env)
         if tokens is None:
             log.warning(
                 "no AVATAR_SESSION_SECRET: session tokens use a random secret of this process, "
                 "and verify only on a Triton started with the same secret"
             )
-            tokens = SessionTokens(secrets.token_hex(32))
+            tokens = ConversationTokens(secrets.token_hex(32))
         access = Access(key, AccessTokens.from_environment(env), origins)
         caps = ConnectionCaps(limits)
         metrics = Metrics()
@@ -275,7 +275,7 @@ async def _session(
         task.add_done_callback(tasks.discard)
 
     slot.evict = evict
-    session = LiveSession(
+    session = Connection(
         app[TRITON],
         ws.send_json,
         ws.send_bytes,
@@ -307,7 +307,7 @@ async def _session(
 
 async def _serve(
     ws: web.WebSocketResponse,
-    session: LiveSession,
+    session: Connection,
     limits: ConnectionLimits,
     metrics: Metrics,
     talked: Callable[[], None] = lambda: None,
@@ -449,7 +449,7 @@ def create_app(
     return app
 
 
-async def check_sessions(triton: TritonClient, tokens: SessionTokens) -> None:
+async def check_sessions(triton: TritonClient, tokens: ConversationTokens) -> None:
     """At start, once Triton's `avatar` model is ready: whether it accepts the sessions this
     gateway signs (the two need the same AVATAR_SESSION_SECRET); an error in the log when
     not, and every turn then ends with `session_rejected`."""

@@ -9,10 +9,10 @@ import math
 from typing import Any
 
 from avatar.animation.tables import ARKIT_NAMES
+from avatar.conversation_tokens import session_of
 from avatar.live_protocol import INPUT_RATE, MIC, WIDTH, ProtocolError
 from avatar.pipeline.events import FinalEvent, SentenceEvent
 from avatar.pipeline.request import MAX_TEXT_CHARS
-from avatar.session_tokens import session_of
 
 END_SILENCE_RANGE = (0.2, 2.0)  # seconds of silence that end an utterance (a control)
 CLIENT_TYPES = ("text", "controls", "interrupt", "ping", "resume")

@@ -13,12 +13,12 @@ from typing import Any
 
 import numpy as np
 
+from avatar.conversation_tokens import affinity_headers
 from avatar.credentials import KEY_HEADER, grpc_key_headers
 from avatar.end_of_turn import turn_features
 from avatar.pipeline import schema
 from avatar.pipeline.events import TurnEvent
 from avatar.pipeline.priority import PASS_PARAMETER, PRIORITY, AsrPass, current_pass
-from avatar.session_tokens import affinity_headers
 from avatar.turn_words import features as words_features
 from avatar.vad import OUTPUTS as VAD_OUTPUTS
 from avatar.vad import VadStream
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 
 # what the `avatar` model says of a session token another secret signed
-# (avatar.session_tokens.SessionTokens.verify), and what the client is told instead
+# (avatar.conversation_tokens.ConversationTokens.verify), and what the client is told instead
 SESSION_REJECTED = "not a session this server made"
 SESSION_REJECTED_MESSAGE = (
     "the server does not accept this gateway's sessions: the gateway and Triton need the "

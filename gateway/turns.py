@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from avatar import live_protocol
+from avatar.conversation_tokens import ConversationTokens, session_of
 from avatar.pipeline.events import FinalEvent, SentenceEvent, TranscriptEvent, TurnEvent
-from avatar.session_tokens import SessionTokens, session_of
 from gateway import protocol
 from gateway.triton_client import TritonClient, TurnCall, TurnError
 
@@ -61,7 +61,7 @@ class TurnManager:
         controls: Callable[[], dict[str, Any]],
         silence_timeout_s: float,
         *,
-        tokens: SessionTokens,
+        tokens: ConversationTokens,
         ended: Callable[[str], None] = lambda _outcome: None,
     ) -> None:
         self.triton, self.send_json, self.send_bytes = triton, send_json, send_bytes

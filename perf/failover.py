@@ -38,8 +38,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from avatar.llm.session import RedisStore
-from avatar.session_tokens import session_of
+from avatar.conversation_tokens import session_of
+from avatar.llm.conversation import RedisStore
 from perf import probe
 from serving.deployment import build_repository
 from serving.local_services import local_config, running_haproxy, running_redis
@@ -114,7 +114,7 @@ def active_turns(server: EmbeddedServer) -> float:
 # ------------------------------------------------------------------------ the sessions
 
 
-class LiveSession:
+class Connection:
     """One WebSocket session of the live protocol (docs/protocol.md), typed turns."""
 
     def __init__(self, ws) -> None:
@@ -176,7 +176,7 @@ async def conversations(
     ws_url = gateway.replace("http://", "ws://") + "/ws"
     async with aiohttp.ClientSession() as http:
         sockets = [await http.ws_connect(ws_url, headers=headers) for _ in logs]
-        live = [LiveSession(ws) for ws in sockets]
+        live = [Connection(ws) for ws in sockets]
         await asyncio.gather(*(s.ready() for s in live))
         for log_, session in zip(logs, live, strict=True):
             log_.token = session.token

@@ -27,8 +27,8 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from avatar.conversation_tokens import SECRET_ENV
 from avatar.credentials import GRPC_HEADER_PREFIX, KEY_HEADER
-from avatar.session_tokens import SECRET_ENV
 from serving.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ class ServerOptions:
     # reload a model whose python-backend stub died, restart a server that exited
     # (serving.supervisor); needs explicit model control, so every model is loaded by name
     heal: bool = False
-    # the secret of the session tokens (avatar/session_tokens.py) its models make and
+    # the secret of the session tokens (avatar/conversation_tokens.py) its models make and
     # verify; "" leaves $AVATAR_SESSION_SECRET as it is (none: callers' ids are trusted)
     session_secret: str = ""
     # more environment for the server and its models (e.g. the llm model's AVATAR_LLM_URL,

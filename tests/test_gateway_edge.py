@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from aiohttp import WSMsgType
 from aiohttp.test_utils import TestClient, TestServer
-from test_gateway_session import _mic, _of, _session
+from test_gateway_connection import _mic, _of, _session
 from test_gateway_turns import TOKENS, FakeTriton, Socket
 
 from avatar import live_protocol

@@ -9,13 +9,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from avatar.conversation_tokens import ConversationTokens, session_of
 from avatar.live_protocol import Audio, Frames, parse_server_binary
 from avatar.pipeline.events import FinalEvent, SentenceEvent, TranscriptEvent
-from avatar.session_tokens import SessionTokens, session_of
 from gateway.triton_client import Transcript, TurnError
 from gateway.turns import TurnManager
 
-TOKENS = SessionTokens("a test secret of enough bytes")
+TOKENS = ConversationTokens("a test secret of enough bytes")
 
 
 def sentence(index: int = 0, start: float = 0.0, seconds: float = 0.5) -> SentenceEvent:

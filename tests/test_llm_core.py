@@ -8,9 +8,9 @@ import pytest
 
 from avatar.errors import RequestError
 from avatar.llm.cache import PrefixCache
+from avatar.llm.conversation import bound_context
 from avatar.llm.decoder import KvLayout, left_pad, positions, stack_pasts, unstack_presents
 from avatar.llm.sampling import Sampler, SamplingParams
-from avatar.llm.session import bound_context
 from avatar.llm.stream import SentenceSplitter, TextStream
 from avatar.llm.template import ChatTemplate, Message, parse_messages, with_persona
 

@@ -9,16 +9,16 @@ import time
 
 import pytest
 
-from avatar.errors import RequestError
-from avatar.llm.session import MemoryStore, RedisStore, StoreError, open_store
-from avatar.llm.template import Message
-from avatar.session_tokens import (
+from avatar.conversation_tokens import (
     NEW_SESSION,
-    SessionTokens,
+    ConversationTokens,
     affinity_headers,
     resolve,
     session_of,
 )
+from avatar.errors import RequestError
+from avatar.llm.conversation import MemoryStore, RedisStore, StoreError, open_store
+from avatar.llm.template import Message
 
 SECRET = "a-session-secret-for-tests-0123456789"
 
@@ -34,11 +34,11 @@ def conversation(*turns: str) -> list[Message]:
 
 
 def test_a_token_names_its_session_and_only_its_secret_made_it():
-    tokens = SessionTokens(SECRET)
+    tokens = ConversationTokens(SECRET)
     token = tokens.mint()
     assert tokens.verify(token) == session_of(token) and len(session_of(token)) == 32
     assert tokens.mint() != token
-    other = SessionTokens("another-secret-of-enough-length")
+    other = ConversationTokens("another-secret-of-enough-length")
     with pytest.raises(RequestError, match="signature is wrong") as error:
         other.verify(token)
     assert token not in str(error.value)  # a bearer credential is never echoed
@@ -52,7 +52,7 @@ def test_a_token_names_its_session_and_only_its_secret_made_it():
 
 
 def test_resolve_makes_new_sessions_and_trusts_ids_only_without_a_secret():
-    tokens = SessionTokens(SECRET)
+    tokens = ConversationTokens(SECRET)
     assert resolve(tokens, "") == ("", "")
     token, session_id = resolve(tokens, NEW_SESSION)
     assert tokens.verify(token) == session_id
@@ -67,17 +67,17 @@ def test_resolve_makes_new_sessions_and_trusts_ids_only_without_a_secret():
 
 
 def test_the_secret_comes_from_the_environment_or_a_file(tmp_path):
-    assert SessionTokens.from_environment({}) is None
-    token = SessionTokens(SECRET).mint()
-    assert SessionTokens.from_environment({"AVATAR_SESSION_SECRET": SECRET}).verify(token)
+    assert ConversationTokens.from_environment({}) is None
+    token = ConversationTokens(SECRET).mint()
+    assert ConversationTokens.from_environment({"AVATAR_SESSION_SECRET": SECRET}).verify(token)
     path = tmp_path / "secret"
     path.write_text(SECRET + "\n")
-    from_file = SessionTokens.from_environment({"AVATAR_SESSION_SECRET_FILE": str(path)})
+    from_file = ConversationTokens.from_environment({"AVATAR_SESSION_SECRET_FILE": str(path)})
     assert from_file.verify(token)
     with pytest.raises(ValueError, match="at least 16"):
-        SessionTokens("short")
+        ConversationTokens("short")
     with pytest.raises(ValueError, match="AVATAR_SESSION_SECRET_FILE"):
-        SessionTokens.from_environment({"AVATAR_SESSION_SECRET_FILE": str(tmp_path / "none")})
+        ConversationTokens.from_environment({"AVATAR_SESSION_SECRET_FILE": str(tmp_path / "none")})
 
 
 # ---------------------------------------------------------------------------- memory
@@ -159,7 +159,7 @@ def test_a_password_and_a_database_from_the_url(redis_url):
 
 
 def test_the_affinity_header_carries_the_id_never_the_token():
-    token = SessionTokens(SECRET).mint()
+    token = ConversationTokens(SECRET).mint()
     assert affinity_headers(token) == {"session-id": session_of(token)}
     assert affinity_headers("chat") == {"session-id": "chat"}  # a trusted caller's own id
     assert affinity_headers("") == affinity_headers(NEW_SESSION) == {}

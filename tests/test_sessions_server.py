@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from avatar.session_tokens import NEW_SESSION, SessionTokens, session_of
+from avatar.conversation_tokens import NEW_SESSION, ConversationTokens, session_of
 from clients.avatar_stream import stream_turn
 from serving.deployment import build_repository
 from serving.server import EmbeddedServer, ServerOptions
@@ -39,7 +39,7 @@ def test_a_stranger_cannot_name_fork_or_plant_into_another_session(grpc_url):
     )
     assert not victim.error, victim.error
     token = victim.session_id
-    assert SessionTokens(SECRET).verify(token) == session_of(token)  # the server made it
+    assert ConversationTokens(SECRET).verify(token) == session_of(token)  # the server made it
     forged = f"s1.{session_of(token)}.{'A' * 32}"
     for session_id, parent in (
         (NEW_SESSION, session_of(token)),  # the probe: a fork of the victim by its id

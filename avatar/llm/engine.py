@@ -19,14 +19,15 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from avatar.conversation_tokens import ConversationTokens, resolve
 from avatar.errors import RequestError, parse_json
 from avatar.llm.backend import DecoderBackend, Reply, ReplyBackend
 from avatar.llm.cache import PrefixCache
+from avatar.llm.conversation import ConversationStore, MemoryStore, StoreError, bound_context
 from avatar.llm.decoder import Decoder
 from avatar.llm.sampling import SamplingParams
 from avatar.llm.scheduler import Event, Scheduler
 from avatar.llm.sequences import KvCacheSequences, SequenceDecoder
-from avatar.llm.session import ConversationStore, MemoryStore, StoreError, bound_context
 from avatar.llm.stream import Chunk, SentenceSplitter
 from avatar.llm.template import (
     MAX_PROMPT_CHARS,
@@ -37,7 +38,6 @@ from avatar.llm.template import (
 )
 from avatar.llm.tokenizer import Tokenizer
 from avatar.sentences import ends_sentence, spoken_text
-from avatar.session_tokens import SessionTokens, resolve
 
 DEFAULT_PERSONA = (
     "You are Mia, a warm and cheerful receptionist avatar. "
@@ -110,13 +110,13 @@ class ChatEngine:
         config: EngineConfig | None = None,
         *,
         store: ConversationStore | None = None,
-        tokens: SessionTokens | None = None,
+        tokens: ConversationTokens | None = None,
     ):
         """`decoder`: a `ReplyBackend` (e.g. an OpenAI-compatible endpoint), or the packaged
         decoder with its `tokenizer`: a `SequenceDecoder` (e.g. `llm_decoder` through
         Triton, which keeps the KV caches), or a stateless `Decoder` run in-process with a
         prefix cache. `store`: where conversations live (default: this process's memory).
-        `tokens`: session ids must be tokens of this secret (avatar/session_tokens.py);
+        `tokens`: session ids must be tokens of this secret (avatar/conversation_tokens.py);
         None trusts callers' ids."""
         self.config = config or EngineConfig()
         self.sessions = store if store is not None else MemoryStore(self.config.sessions)

@@ -3,6 +3,7 @@ reply sentences, each with audio and animation, then (optionally) its video fram
 a final summary with per-stage timings. Stages are plain callables, so tests drive the
 whole turn with fakes; `model_repository/avatar` wires them to BLS calls."""
 
+from avatar.pipeline.barge_in import SessionTurns
 from avatar.pipeline.events import (
     FinalEvent,
     FramesEvent,
@@ -11,7 +12,6 @@ from avatar.pipeline.events import (
     TurnEvent,
 )
 from avatar.pipeline.request import Controls, TurnRequest, parse_turn
-from avatar.pipeline.sessions import SessionTurns
 from avatar.pipeline.turn import Heard, PipelineConfig, Speech, Stages, run_turn
 
 __all__ = [

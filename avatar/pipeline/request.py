@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 
 from avatar.animation.pipeline import AnimationConfig
+from avatar.conversation_tokens import ConversationTokens, resolve
 from avatar.errors import RequestError, parse_json
 from avatar.languages import normalise
-from avatar.session_tokens import SessionTokens, resolve
 
 AUDIO_RATE = 16000
 MAX_TEXT_CHARS = 2000
@@ -154,7 +154,7 @@ def parse_turn(
     max_audio_s: float = 60.0,
     *,
     parent_session_id: str = "",
-    tokens: SessionTokens | None = None,
+    tokens: ConversationTokens | None = None,
 ) -> TurnRequest:
     """Validate the raw inputs of one turn; raises RequestError on bad input. With `tokens`
     a session is named by its token ("new" makes one); without, callers' ids are trusted."""

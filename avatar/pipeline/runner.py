@@ -18,9 +18,9 @@ from typing import Protocol
 import numpy as np
 
 from avatar.pipeline import schema
+from avatar.pipeline.barge_in import SessionTurns
 from avatar.pipeline.events import FinalEvent, TurnEvent
 from avatar.pipeline.request import TurnRequest
-from avatar.pipeline.sessions import SessionTurns
 from avatar.pipeline.turn import PipelineConfig, Stages, run_turn
 
 log = logging.getLogger(__name__)

@@ -17,6 +17,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from avatar.animation.emotion_classifier import EmotionClassifier, SentenceTokenizer
+from avatar.conversation_tokens import ConversationTokens
 from avatar.knowledge import KNOWLEDGE_DIR_ENV, KnowledgeBase, KnowledgeConfig
 from avatar.languages import speech_language
 from avatar.model_parameters import ModelParameters
@@ -24,7 +25,6 @@ from avatar.pipeline import Heard, PipelineConfig, Speech, Stages, TurnRequest, 
 from avatar.pipeline.prompt import KNOWLEDGE_SAMPLING, llm_messages, llm_sampling
 from avatar.pipeline.runner import RunnerConfig, Tensors, TurnRunner
 from avatar.pipeline.speech import TTS_OUTPUTS, speech_from_tts
-from avatar.session_tokens import SessionTokens
 from avatar.triton import bls
 from avatar.triton.diagnostics import enable_crash_reports
 from avatar.triton.metrics import Counter, Gauge
@@ -69,7 +69,7 @@ class TritonPythonModel:
         self.tts_timeout_s = params.float("tts_timeout_s", 30.0)
         self.max_audio_s = params.float("max_audio_seconds", 60.0)
         # session ids are tokens signed with $AVATAR_SESSION_SECRET (None: trusted as sent)
-        self.tokens = SessionTokens.from_environment()
+        self.tokens = ConversationTokens.from_environment()
         pipeline = PipelineConfig(
             llm_timeout_s=params.float("llm_timeout_s", PipelineConfig.llm_timeout_s),
             fallback_reply=params.str("fallback_reply", PipelineConfig.fallback_reply),

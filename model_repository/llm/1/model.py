@@ -26,20 +26,20 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from avatar.conversation_tokens import ConversationTokens
 from avatar.errors import RequestError
 from avatar.llm import trtllm
 from avatar.llm.backend import DecoderBackend, ReplyBackend
+from avatar.llm.conversation import SESSION_TTL_S, STORE_URL_ENV, MemoryStore, open_store
 from avatar.llm.engine import ChatEngine, EngineConfig
 from avatar.llm.openai_api import EndpointError, OpenAIBackend, list_models
 from avatar.llm.sampling import SamplingParams
 from avatar.llm.scheduler import Event
 from avatar.llm.sequences import SequenceDecoder, Step
-from avatar.llm.session import SESSION_TTL_S, STORE_URL_ENV, MemoryStore, open_store
 from avatar.llm.settings import LlmSettings, llm_settings
 from avatar.llm.tokenizer import Tokenizer
 from avatar.llm.trtllm import TensorRtLlmBackend
 from avatar.model_parameters import ModelParameters
-from avatar.session_tokens import SessionTokens
 from avatar.triton import bls
 from avatar.triton.diagnostics import enable_crash_reports
 from avatar.triton.metrics import Failures, Gauge
@@ -124,7 +124,7 @@ class TritonPythonModel:
         self.decoder: TritonSequenceDecoder | None = None
         store_url = params.str("session_store", "") or os.environ.get(STORE_URL_ENV, "")
         store = open_store(store_url, config.sessions, params.float("session_ttl_s", SESSION_TTL_S))
-        tokens = SessionTokens.from_environment()
+        tokens = ConversationTokens.from_environment()
         backend = self._backend(settings, params, config, Path(args["model_repository"]))
         self.engine = ChatEngine(backend, None, config, store=store, tokens=tokens)
         self.memory_failures = Failures("llm", "session_store")

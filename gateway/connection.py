@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from avatar.conversation_tokens import ConversationTokens
 from avatar.endpointing import (
     AskTurnModel,
     EndpointEvent,
@@ -27,7 +28,6 @@ from avatar.endpointing import (
 from avatar.errors import RequestError
 from avatar.live_protocol import INPUT_RATE, ProtocolError, parse_mic
 from avatar.pipeline.request import Controls
-from avatar.session_tokens import SessionTokens
 from avatar.vad import CHUNK, CHUNK_S, VadStream
 from gateway import protocol
 from gateway.endpointing import TurnAsks, endpointer
@@ -40,10 +40,11 @@ from gateway.turns import TurnManager
 log = logging.getLogger(__name__)
 
 
-class LiveSession:
-    """The protocol's server side for one WebSocket. `budget` is the gateway's (one per
-    app); `endpointing` makes the session's end-of-turn strategy; `tokens` mint and verify
-    session tokens; `trusted`: a service with the operator key (it may set free persona
+class Connection:
+    """The protocol's server side for one WebSocket connection (its conversation may
+    outlive it: a page that reconnects sends `resume`). `budget` is the gateway's (one per
+    app); `endpointing` makes the connection's end-of-turn strategy; `tokens` mint and
+    verify conversation tokens; `trusted`: a service with the operator key (it may set free persona
     text); `turn_ended(outcome)`: the gateway's metrics."""
 
     def __init__(
@@ -54,7 +55,7 @@ class LiveSession:
         options: SessionOptions,
         *,
         budget: PassBudget,
-        tokens: SessionTokens,
+        tokens: ConversationTokens,
         trusted: bool = False,
         endpointing: Callable[[SessionOptions], TurnEndStrategy] = endpointer,
         turn_ended: Callable[[str], None] = lambda _outcome: None,

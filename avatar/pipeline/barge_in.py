@@ -1,4 +1,4 @@
-"""Barge-in bookkeeping: one active turn per session; a new turn cancels the old one."""
+"""Barge-in bookkeeping: one active turn per conversation; a new turn cancels the old one."""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Session tokens: the server makes session ids and binds each to whoever holds its token.
+"""Conversation tokens: the server makes conversation ids and binds each to whoever holds
+its token. (The live protocol calls them `session_id` / `session_token`, as the `avatar`
+model's inputs do; a WebSocket is a connection, gateway/connection.py; the load balancer's
+`session-id` header is the affinity key, `affinity_headers`.)
 
 A token is `s1.<id>.<mac>`: a random 128-bit id and an HMAC-SHA256 of it under the
 operator's session secret, so any process that holds the secret (every Triton replica,
@@ -34,7 +37,7 @@ _PREFIX = "s1"
 _TOKEN = re.compile(r"^s1\.([0-9a-f]{32})\.([A-Za-z0-9_-]{32})$")
 
 
-class SessionTokens:
+class ConversationTokens:
     """Mints and verifies the session tokens of one secret."""
 
     def __init__(self, secret: bytes | str) -> None:
@@ -46,7 +49,7 @@ class SessionTokens:
         self._key = key
 
     @classmethod
-    def from_environment(cls, env: Mapping[str, str] | None = None) -> SessionTokens | None:
+    def from_environment(cls, env: Mapping[str, str] | None = None) -> ConversationTokens | None:
         """The tokens of $AVATAR_SESSION_SECRET or the file $AVATAR_SESSION_SECRET_FILE
         names; None when neither is set."""
         secret = read_secret(SECRET_ENV, env)
@@ -93,7 +96,11 @@ def affinity_headers(session: str) -> dict[str, str]:
 
 
 def resolve(
-    tokens: SessionTokens | None, value: str, what: str = "session_id", *, allow_new: bool = True
+    tokens: ConversationTokens | None,
+    value: str,
+    what: str = "session_id",
+    *,
+    allow_new: bool = True,
 ) -> tuple[str, str]:
     """A `session_id`-like input -> (the token its holder keeps using, the id its memory is
     kept under); ("", "") for none. `NEW_SESSION` makes a session (when `allow_new`).

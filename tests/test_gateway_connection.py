@@ -1,4 +1,4 @@
-"""One live connection (gateway/session.py) wired to a fake Triton client and a recording
+"""One live connection (gateway/connection.py) wired to a fake Triton client and a recording
 socket, driven through the protocol's own messages: microphone audio, text, controls.
 No server: the speech probabilities are scripted per 32-ms chunk."""
 
@@ -13,18 +13,18 @@ from test_gateway_turns import TOKENS, FakeTriton, Socket, final, sentence
 
 from avatar import live_protocol
 from avatar.vad import CHUNK, CHUNK_S
+from gateway.connection import Connection
 from gateway.hearing import PassBudget
 from gateway.options import SessionOptions
-from gateway.session import LiveSession
 
 QUIET = SessionOptions(partial_every_s=None)  # no passes while speaking unless a test wants
 
 
 def _session(
     triton: FakeTriton, socket: Socket, options=QUIET, budget=None, trusted=False
-) -> LiveSession:
+) -> Connection:
     budget = budget or PassBudget(options.partial_limit, options.pause_first)
-    return LiveSession(
+    return Connection(
         triton,
         socket.send_json,
         socket.send_bytes,
@@ -35,7 +35,7 @@ def _session(
     )
 
 
-async def _mic(session: LiveSession, chunks: int) -> None:
+async def _mic(session: Connection, chunks: int) -> None:
     """`chunks` of microphone audio in 4-chunk messages, as a page sends them."""
     for start in range(0, chunks, 4):
         count = min(4, chunks - start)

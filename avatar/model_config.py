@@ -116,3 +116,35 @@ class _StateTensor:
 
 def model_names(source: Path = SOURCE_REPOSITORY) -> list[str]:
     return sorted(p.parent.name for p in Path(source).glob("*/config.pbtxt"))
+
+
+def call_graph(
+    source: Path = SOURCE_REPOSITORY, root: str | None = None
+) -> dict[str, dict[str, str]]:
+    """{caller: {parameter: callee}} of the BLS models, read from their configs: every
+    `*_model` parameter that names another model of the repository. Callers come after
+    their callees. `root`: only `root` and the callers it reaches (e.g. "avatar": the turn's
+    chain, not `avatar_speech`)."""
+    names = set(model_names(source))
+    graph: dict[str, dict[str, str]] = {}
+    for name in sorted(names):
+        params = parse_config(Path(source) / name / "config.pbtxt").parameters
+        calls = {
+            key: value.string_value
+            for key, value in params.items()
+            if key.endswith("_model") and value.string_value in names
+        }
+        if calls:
+            graph[name] = calls
+    order: list[str] = []
+
+    def visit(name: str) -> None:
+        if name in order or name not in graph:
+            return
+        for callee in graph[name].values():
+            visit(callee)
+        order.append(name)
+
+    for name in [root] if root else sorted(graph):
+        visit(name)
+    return {name: graph[name] for name in order}

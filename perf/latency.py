@@ -57,6 +57,7 @@ from pathlib import Path
 import numpy as np
 
 from avatar.endpointing import END_SILENCE_S
+from avatar.model_config import call_graph
 from evals.report import DEFAULT_OUT, plot_bars, write_rows
 from gateway.process import running_gateway
 from perf.harness import concurrently, playback, serve
@@ -76,18 +77,9 @@ SETTINGS = (
     "passes_alongside",
     "captions_wait",
 )
-# Which parameter of a BLS model names which model it calls (their config.pbtxt files).
-CALLEES: dict[str, dict[str, str]] = {
-    "asr": {"encoder_model": "asr_encoder", "decoder_model": "asr_decoder"},
-    "llm": {"decoder_model": "llm_decoder"},
-    "tts": {"vits_model": "tts_vits"},
-    "avatar": {
-        "asr_model": "asr",
-        "llm_model": "llm",
-        "tts_model": "tts",
-        "emotion_model": "emotion_encoder",
-    },
-}
+# Which parameter of a BLS model names which model it calls: read from their config.pbtxt
+# files, the turn's chain only, callers after their callees.
+CALLEES: dict[str, dict[str, str]] = call_graph(root="avatar")
 
 
 def chain(setting: str, changed: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:

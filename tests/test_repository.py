@@ -283,3 +283,17 @@ def test_tts_vits_serves_its_gated_int8_variant_on_the_cpu(embedded_repository: 
     served = parse_config(embedded_repository / "tts_vits" / "config.pbtxt")
     expected = int8.VARIANT_FILE if record["passes_gate"] else "model.onnx"
     assert served.parameters["onnx_file"].string_value == expected
+
+
+def test_the_call_graph_is_read_from_the_bls_configs() -> None:
+    """perf's copies of the turn's chain re-point callers found here (perf/latency.py)."""
+    from avatar.model_config import call_graph, model_names
+
+    turn = call_graph(root="avatar")
+    assert list(turn)[-1] == "avatar" and "avatar_speech" not in turn
+    assert turn["avatar"]["llm_model"] == "llm" and turn["llm"] == {"decoder_model": "llm_decoder"}
+    assert turn["asr"] == {"encoder_model": "asr_encoder", "decoder_model": "asr_decoder"}
+    order = list(call_graph())
+    for caller, calls in call_graph().items():  # callers after their callees
+        assert all(order.index(c) < order.index(caller) for c in calls.values() if c in order)
+        assert set(calls.values()) <= set(model_names())

@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 # models exported at once, each in its own process
 JOBS ?= $(shell nproc)
 
-.PHONY: setup artifacts demo live test lint perf fuzz
+.PHONY: setup artifacts demo live test test-extended test-all lint perf fuzz
 setup:
 	scripts/setup.sh
 artifacts: setup
@@ -18,7 +18,20 @@ live: artifacts
 test: artifacts
 	scripts/setup.sh --tests
 	$(PY) -m export gates
-	$(PY) -m pytest -m "not slow" --durations=25
+	$(PY) -m pytest -m "not slow and not extended" --durations=25
+# What CI's run leaves out for time: the `extended` tier (second scenarios against the same
+# real servers, benchmark smoke runs) and the gateway's fuzzer at 800 examples a test
+# (CI: 200). Every component is still tested against its real server by `make test`.
+FUZZ_EXTENDED := GATEWAY_FUZZ_EXAMPLES=$${GATEWAY_FUZZ_EXAMPLES:-800}
+test-extended: artifacts
+	scripts/setup.sh --tests
+	$(PY) -m pytest -m extended --durations=25
+	$(FUZZ_EXTENDED) $(PY) -m pytest tests/test_gateway_fuzz.py -q
+# Everything: CI's tests, the extended tier and the `slow` ones (fault injection, soak, ...)
+test-all: artifacts
+	scripts/setup.sh --tests
+	$(PY) -m export gates
+	$(FUZZ_EXTENDED) $(PY) -m pytest --durations=25
 lint:
 	scripts/setup.sh --dev
 	$(VENV)/bin/ruff format --check . && $(VENV)/bin/ruff check .

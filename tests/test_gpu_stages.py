@@ -9,6 +9,10 @@ torch = pytest.importorskip("torch")
 from perf import gpu_stages  # noqa: E402
 
 
+# `extended` (18 s: the GPU benchmark's full-size networks on two CPU cores): a benchmark's
+# smoke run. CI checks its Triton tensors against the configs
+# (test_repository_configs_name_every_stage_tensor); the benchmark itself runs on a lent GPU.
+@pytest.mark.extended
 def test_the_chain_runs_and_every_output_matches_its_triton_tensor():
     device = torch.device("cpu")
     torch.manual_seed(0)

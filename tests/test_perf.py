@@ -13,7 +13,13 @@ import pytest
 from perf.__main__ import main
 from serving.server import EmbeddedServer
 
+# `extended` (make test-extended): the benchmarks' other smoke runs. CI keeps
+# test_suite_smoke, which drives perf_analyzer against the real server (an ensemble and a
+# decoupled model); what the others serve is tested in CI by the tests named at each.
 
+
+# perf_analyzer again (test_suite_smoke)
+@pytest.mark.extended
 def test_sweep_writes_csv(triton_server: EmbeddedServer, tmp_path: Path, capsys) -> None:
     # renderer, not vad: vad's 0.5-s queue timeout refuses a request whenever the shared
     # machine stalls the server that long, and perf_analyzer stops at the first error
@@ -68,6 +74,9 @@ def test_suite_smoke(triton_server: EmbeddedServer, tmp_path: Path, capsys) -> N
     assert "| avatar_say | 1 |" in capsys.readouterr().out
 
 
+# perf_analyzer again, on a server of its own (test_suite_smoke; rewritten configs:
+# test_setting_copies_carry_their_settings)
+@pytest.mark.extended
 def test_batching_smoke(tmp_path: Path) -> None:
     """`perf batching`: one point, its own server with the rewritten config."""
     args = ["batching", "--models", "renderer", "--batches", "4", "--delays-us", "1000"]
@@ -80,6 +89,8 @@ def test_batching_smoke(tmp_path: Path) -> None:
     _png(tmp_path / "batching-renderer.png")
 
 
+# served turns: tests/test_pipeline_server.py; the in-process path: test_pipeline_local.py
+@pytest.mark.extended
 def test_baseline_smoke(triton_server: EmbeddedServer, tmp_path: Path) -> None:
     """`perf baseline`: one session, one short turn on each side, ratios written."""
     args = ["baseline", "--url", triton_server.grpc_url, "--sessions", "1", "--turns", "1"]
@@ -95,6 +106,8 @@ def test_baseline_smoke(triton_server: EmbeddedServer, tmp_path: Path) -> None:
     _png(tmp_path / "baseline-first_audio_median_s.png")
 
 
+# served vs in-process ASR: tests/test_asr_triton.py (transcripts equal faster-whisper)
+@pytest.mark.extended
 def test_asr_server_smoke(triton_server: EmbeddedServer, tmp_path: Path) -> None:
     """`perf asr-server`: two utterances at two streams, in-process and through Triton."""
     args = ["asr-server", "--url", triton_server.grpc_url, "--rounds", "1", "--streams", "2"]
@@ -105,6 +118,8 @@ def test_asr_server_smoke(triton_server: EmbeddedServer, tmp_path: Path) -> None
     assert "in_process" in (tmp_path / "asr_server.md").read_text()
 
 
+# a spoken question in real time through vad endpointing: tests/test_gateway.py
+@pytest.mark.extended
 def test_latency_smoke(triton_server: EmbeddedServer, tmp_path: Path, capsys) -> None:
     """`perf latency`: one spoken question in real time through vad endpointing and the
     avatar stream; every milestone measured from the end of speech, in order."""
@@ -191,6 +206,9 @@ def test_at_concurrency_shares_the_requests_and_records_failures() -> None:
     assert Latency.of([1.0, 2.0, 3.0]) == Latency(3, 2.0, pytest.approx(2.9))
 
 
+# 90 s: 8 questions twice. Served vs in-process turns:
+# test_pipeline_local.py::test_the_served_turn_hears_what_the_local_turn_hears
+@pytest.mark.extended
 def test_first_piece_served_against_in_process(
     triton_server: EmbeddedServer, tmp_path: Path
 ) -> None:

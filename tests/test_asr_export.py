@@ -64,6 +64,9 @@ def test_ct2_variables_map_onto_transformers():
     assert model.config.encoder_layers == model.config.decoder_layers == 6
 
 
+# `extended`: the conversion's middle step; CI checks where it leads, the ONNX transcripts
+# equal to faster-whisper's (test_onnx_transcripts_equal_faster_whisper)
+@pytest.mark.extended
 def test_transformers_model_transcribes_like_faster_whisper(speech):
     import torch
     from transformers import WhisperFeatureExtractor
@@ -118,6 +121,11 @@ def test_decoder_onnx_has_one_copy_of_the_vocabulary(artifacts):
     assert len(big) == 1, big
 
 
+# `extended` (26 s, a >30-s clip in the batch): CI has the same graphs' transcripts of these
+# clips equal to faster-whisper's through the served `asr`
+# (tests/test_asr_triton.py::test_concurrent_transcripts_equal_faster_whisper) and the >30-s
+# clip's windows there (test_long_audio_windows_and_vad)
+@pytest.mark.extended
 def test_onnx_transcripts_equal_faster_whisper(runtime, vocab, speech):
     items = [*speech, long_clip(clips()[:12])]
     assert items[-1].seconds > 30  # Whisper's sequential windows, never truncated
@@ -139,6 +147,9 @@ def test_silence_gives_an_empty_transcript(runtime, vocab):
         assert result.text == "" and result.segments == []
 
 
+# `extended` (17 s): the same >30-s clip cut by the vad is transcribed by the served `asr`
+# in CI (tests/test_asr_triton.py::test_long_audio_windows_and_vad, segmentation=vad)
+@pytest.mark.extended
 def test_long_audio_cut_by_silero_vad(runtime, vocab):
     from avatar.asr.long_form import transcribe_long
     from avatar.vad import onnx_vad, speech_probabilities, speech_segments
@@ -208,6 +219,10 @@ class _SequenceRuntime(OnnxWhisperRuntime):
         return InProcessWindows(self.sequences, cross_kv, self.eot)
 
 
+# `extended` (10 s): CI has the served `asr_decoder` holding each window's caches
+# (tests/test_asr_triton.py::test_asr_decoder_keeps_each_windows_caches) and the served
+# transcripts equal to faster-whisper's (test_concurrent_transcripts_equal_faster_whisper)
+@pytest.mark.extended
 def test_decoder_sequences_transcribe_as_held_caches(runtime, vocab, speech):
     """Windows decoded as sequences (the encoder's K/V sent once, rows ended on the step
     after they finished, the rest of the batch stepping on) give the same transcripts as
@@ -249,16 +264,12 @@ def test_decoder_sequences_refuse_bad_steps(runtime):
     assert len(sequences) == 0
 
 
-def test_a_looping_short_window_ends_at_its_speech_token_limit(runtime, vocab):
-    """The first second of a human recording, as a live pass hears it while the user speaks:
-    Whisper repeats "Had he married?" to the 224-token limit (3.2 s on one core). The cap of
-    10 + 10 tokens per second of speech ends it at 20; whole recordings are unchanged."""
+def _capped_and_uncapped():
+    """The asr model's windows, without the loop fallback (tests/test_asr_degenerate.py):
+    about the cap alone. (served, the same without the cap)"""
     from avatar.asr.greedy import DecodeOptions
     from avatar.asr.transcribe import AsrOptions
-    from evals.recordings import human_clips
 
-    # the asr model's windows, without the loop fallback (tests/test_asr_degenerate.py):
-    # this is about the cap alone
     served = AsrOptions(window_step=100, window_margin=300, fallback=None)
     uncapped = AsrOptions(
         decode=DecodeOptions(max_tokens_per_second=None),
@@ -266,6 +277,17 @@ def test_a_looping_short_window_ends_at_its_speech_token_limit(runtime, vocab):
         window_margin=300,
         fallback=None,
     )
+    return served, uncapped
+
+
+def test_a_looping_short_window_ends_at_its_speech_token_limit(runtime, vocab):
+    """The first second of a human recording, as a live pass hears it while the user speaks:
+    Whisper repeats "Had he married?" to the 224-token limit (3.2 s on one core). The cap of
+    10 + 10 tokens per second of speech ends it at 20 (whole recordings are unchanged:
+    test_the_speech_token_cap_leaves_whole_recordings_unchanged)."""
+    from evals.recordings import human_clips
+
+    served, uncapped = _capped_and_uncapped()
     recordings = human_clips()
     clip = next(c for c in recordings if c.text.lower().startswith("had he married"))
     first_second = clip.audio[:16_000]
@@ -273,7 +295,19 @@ def test_a_looping_short_window_ends_at_its_speech_token_limit(runtime, vocab):
     assert len(looping.tokens) >= 100, looping.text  # the failure the cap is for
     (capped,) = transcribe(runtime, vocab, [first_second], served)
     assert len(capped.tokens) <= 20 and capped.text.lower().startswith("had he married")
-    audios = [c.audio for c in recordings]
+
+
+# `extended` (7 s, every human recording twice): CI decodes them all with the served options
+# and finds no window at its limit (tests/test_asr_degenerate.py::
+# test_whole_human_recordings_decode_as_greedy_did)
+@pytest.mark.extended
+def test_the_speech_token_cap_leaves_whole_recordings_unchanged(runtime, vocab):
+    """The cap of test_a_looping_short_window_ends_at_its_speech_token_limit changes no
+    transcript of a whole human recording."""
+    from evals.recordings import human_clips
+
+    served, uncapped = _capped_and_uncapped()
+    audios = [c.audio for c in human_clips()]
     assert [t.text for t in transcribe(runtime, vocab, audios, served)] == [
         t.text for t in transcribe(runtime, vocab, audios, uncapped)
     ]

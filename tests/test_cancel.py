@@ -140,7 +140,16 @@ def _vanish_by_kill(url: str, model: str, inputs: dict, tmp_path: Path) -> None:
         pytest.param("kill", marks=pytest.mark.slow),
     ],
 )
-@pytest.mark.parametrize("model", ["llm", "tts", "avatar"])
+# `avatar` cancels its `llm` and `tts` calls too; cancelling them directly is `extended`
+# (7 s each; CI also has tests/test_llm_server.py::test_cancelled_stream_leaves_model_serving)
+@pytest.mark.parametrize(
+    "model",
+    [
+        pytest.param("llm", marks=pytest.mark.extended),
+        pytest.param("tts", marks=pytest.mark.extended),
+        "avatar",
+    ],
+)
 def test_vanished_client_leaves_no_work_and_no_state(server, model, how, tmp_path):
     url = server.grpc_url
     inputs, network, full = REQUESTS[model]

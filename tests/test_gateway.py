@@ -142,6 +142,10 @@ def test_spoken_question_streams_transcript_sentences_audio_and_frames(gateway: 
     assert start["speculative_asr"] is True and start["input"] == "audio"
 
 
+# `extended` (13 s): the same two halves and pause are sent in CI to the speculating gateway
+# (test_speech_after_a_pause_discards_the_speculative_turn), whose pass at the pause is
+# discarded the same way, with the turn it started
+@pytest.mark.extended
 def test_a_pause_inside_a_question_discards_the_speculative_transcript(
     silence_gateway: str,
 ) -> None:
@@ -159,6 +163,11 @@ def test_a_pause_inside_a_question_discards_the_speculative_transcript(
     assert wer(f"{first.text} {second.text}", transcript["text"]) < 0.2, transcript
 
 
+# `extended` (16 s, a 7-s recording): CI has the gateway's captions in
+# test_the_first_pause_shows_the_utterance_before_its_end_is_confirmed, and a pass's prefix
+# kept by the served `asr` in tests/test_asr_triton.py::
+# test_a_prefix_from_an_earlier_pass_gives_the_same_transcript
+@pytest.mark.extended
 def test_passes_while_speaking_leave_only_the_last_words_for_the_pause(gateway: str) -> None:
     """A 7-s human recording: the gateway transcribes the speech so far every second while
     it is spoken; the transcript at the pause starts from what two passes agreed on."""

@@ -8,14 +8,14 @@ import json
 
 import pytest
 
+from avatar.conversation_tokens import NEW_SESSION, ConversationTokens
 from avatar.errors import RequestError
+from avatar.llm.conversation import RedisStore
 from avatar.llm.decoder import OrtDecoder
 from avatar.llm.engine import ChatEngine, EngineConfig
 from avatar.llm.sampling import SamplingParams
 from avatar.llm.scheduler import Event
-from avatar.llm.session import RedisStore
 from avatar.llm.tokenizer import Tokenizer
-from avatar.session_tokens import NEW_SESSION, SessionTokens
 from avatar.sidecar import Sidecar
 from export.common import ensure
 from export.llm.recipe import LlmDecoderRecipe
@@ -155,6 +155,9 @@ def test_seed_stop_and_sentences(artifact, decoder):
     assert sentences and all(s[-1] in ".!?" or s == sentences[-1] for s in sentences)
 
 
+# `extended` (9 s: a 200-token story first): CI ends a real SmolLM2 generation at its sentence
+# budget in tests/test_reply_text.py::test_a_real_generation_ends_at_the_budget
+@pytest.mark.extended
 def test_the_reply_ends_after_its_sentence_budget_and_is_remembered(artifact, decoder):
     """The persona's budget is the server's: any caller of the engine gets at most
     `max_sentences` spoken sentences (a first clause is none), a finished reply."""
@@ -402,7 +405,7 @@ def test_sessions_are_server_made_tokens_that_only_their_holder_names(artifact, 
     """With a session secret, "new" makes a session whose token comes back in the final
     stats; a chosen id, another session's bare id or a forged token is refused, for turns,
     forks and stops alike (a stranger cannot read, fork or rewrite a conversation)."""
-    tokens = SessionTokens(SECRET)
+    tokens = ConversationTokens(SECRET)
     config = EngineConfig(sampling=SamplingParams(temperature=0, max_tokens=12))
     eng = ChatEngine(decoder, Tokenizer(artifact), config, tokens=tokens)
     _, end = run(eng, "My name is Zebulon and my code is 4417.", session=NEW_SESSION)

@@ -193,7 +193,11 @@ def test_connection_caps_in_all_and_per_address() -> None:
 
 
 def test_message_rate_audio_rate_bad_frames_and_idle_connections_are_closed() -> None:
-    limits = Limits(messages_per_s=5, message_burst=5, idle_timeout_s=0.3, bad_messages=3)
+    # the last connection sends nothing: refused after first_message_s (the default 10 s
+    # made this test wait 10 s)
+    limits = Limits(
+        messages_per_s=5, message_burst=5, idle_timeout_s=0.3, first_message_s=1.0, bad_messages=3
+    )
 
     async def scenario(client: TestClient, edge: Edge):
         results = {}

@@ -16,18 +16,18 @@ import numpy as np
 from avatar.conversation_tokens import affinity_headers
 from avatar.credentials import KEY_HEADER, grpc_key_headers
 from avatar.end_of_turn import turn_features
+from avatar.model_io import ASR, TURN_DETECTOR, TURN_WORDS, ModelIO
 from avatar.pipeline import schema
 from avatar.pipeline.events import TurnEvent
 from avatar.pipeline.priority import PASS_PARAMETER, PRIORITY, AsrPass, current_pass
 from avatar.turn_words import features as words_features
 from avatar.vad import OUTPUTS as VAD_OUTPUTS
 from avatar.vad import VadStream
+from clients.grpc_tensors import infer_inputs
 
 # the page draws the face from the blendshapes: no pixels over the socket
 TURN_OUTPUTS = tuple(name for name in schema.OUTPUTS if name != "video")
 ASR_OUTPUTS = ("text", "tokens", "detected_language")
-TURN_INPUT, TURN_OUTPUT = "input_features", "probability"  # model_repository/turn_detector
-WORDS_INPUT, WORDS_OUTPUT = "features", "probability"  # model_repository/turn_words
 log = logging.getLogger(__name__)
 
 
@@ -68,25 +68,19 @@ class Transcript:
 
 def _inputs(arrays: Mapping[str, np.ndarray]) -> list:
     import tritonclient.grpc.aio as grpcclient
-    from tritonclient.utils import np_to_triton_dtype
 
-    tensors = []
-    for name, value in arrays.items():
-        array = np.ascontiguousarray(value)
-        tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-        tensor.set_data_from_numpy(array)
-        tensors.append(tensor)
-    return tensors
+    return infer_inputs(arrays, grpcclient)
+
+
+def _arrays(result, io: ModelIO) -> dict[str, np.ndarray | None]:
+    """A result's outputs of `io`'s model as numpy (None: not in the result)."""
+    return {name: result.as_numpy(name) for name in io.outputs}
 
 
 def _outputs(names: Sequence[str]) -> list:
     import tritonclient.grpc.aio as grpcclient
 
     return [grpcclient.InferRequestedOutput(name) for name in names]
-
-
-def _text(array: np.ndarray) -> str:
-    return array.reshape(-1)[0].decode("utf-8", "replace")
 
 
 class TurnCall:
@@ -202,11 +196,11 @@ class TritonClient:
         features = await asyncio.to_thread(turn_features, audio)  # ~20 ms of numpy
         result = await self.client.infer(
             self.turn_model,
-            _inputs({TURN_INPUT: features[None]}),
-            outputs=_outputs([TURN_OUTPUT]),
+            _inputs(TURN_DETECTOR.request(input_features=features)),
+            outputs=_outputs(list(TURN_DETECTOR.outputs)),
             headers=self._headers(session),
         )
-        return float(result.as_numpy(TURN_OUTPUT).reshape(-1)[0])
+        return float(TURN_DETECTOR.read_response(_arrays(result, TURN_DETECTOR))["probability"])
 
     async def words_finished(self, text: str, *, session: str = "") -> float | None:
         """The `turn_words` model's probability that `text` (a transcript so far) is a
@@ -216,11 +210,11 @@ class TritonClient:
             return None
         result = await self.client.infer(
             self.words_model,
-            _inputs({WORDS_INPUT: row[None]}),
-            outputs=_outputs([WORDS_OUTPUT]),
+            _inputs(TURN_WORDS.request(features=row)),
+            outputs=_outputs(list(TURN_WORDS.outputs)),
             headers=self._headers(session),
         )
-        return float(result.as_numpy(WORDS_OUTPUT).reshape(-1)[0])
+        return float(TURN_WORDS.read_response(_arrays(result, TURN_WORDS))["probability"])
 
     async def transcribe(
         self,
@@ -236,11 +230,11 @@ class TritonClient:
         the calling task's, avatar.pipeline.priority.current_pass), which sets its priority
         level in the model's queue (captions after the passes a reply waits for)."""
         kind = kind or current_pass.get()
-        inputs: dict[str, np.ndarray] = {"audio": np.asarray(audio, np.float32)[None]}
-        if prefix:
-            inputs["prefix"] = np.array([list(prefix)], np.int32)
-        if language:
-            inputs["language"] = np.array([[language.encode()]], dtype=object)
+        inputs = ASR.request(
+            audio=np.asarray(audio, np.float32).reshape(-1),
+            prefix=list(prefix) or None,
+            language=language or None,
+        )
         result = await self.client.infer(
             self.asr_model,
             _inputs(inputs),
@@ -249,10 +243,9 @@ class TritonClient:
             priority=PRIORITY[kind],
             parameters={PASS_PARAMETER: kind.value},
         )
-        tokens = [int(t) for t in result.as_numpy("tokens").reshape(-1)]
-        return Transcript(
-            _text(result.as_numpy("text")), tokens, _text(result.as_numpy("detected_language"))
-        )
+        heard = ASR.read_response(_arrays(result, ASR))
+        tokens = [int(t) for t in heard["tokens"].reshape(-1)]
+        return Transcript(heard["text"], tokens, heard["detected_language"])
 
     async def sessions_accepted(self, token: str) -> bool:
         """Whether the `avatar` model accepts a session `token` this gateway signed: a turn

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from avatar.model_io import ASR
+from clients.grpc_tensors import infer_inputs
 from evals.report import DEFAULT_OUT, save_results
 from perf.harness import at_concurrency, percentile, serve, warm_up
 
@@ -39,10 +41,9 @@ def transcribe_served(url: str, audio: np.ndarray) -> str:
     import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(url)
-    tensor = grpcclient.InferInput("audio", [1, len(audio)], "FP32")
-    tensor.set_data_from_numpy(audio[None].astype(np.float32))
-    result = client.infer("asr", [tensor], outputs=[grpcclient.InferRequestedOutput("text")])
-    return result.as_numpy("text").reshape(-1)[0].decode()
+    inputs = infer_inputs(ASR.request(audio=np.asarray(audio, np.float32)))
+    result = client.infer("asr", inputs, outputs=[grpcclient.InferRequestedOutput("text")])
+    return ASR.read_response({"text": result.as_numpy("text")})["text"]
 
 
 def through_triton(url: str, audios: list[np.ndarray], streams: int) -> tuple[float, list[float]]:

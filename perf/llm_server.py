@@ -22,8 +22,8 @@ import statistics
 import time
 from pathlib import Path
 
-import numpy as np
-
+from avatar.model_io import LLM
+from clients.grpc_tensors import infer_inputs
 from evals.report import DEFAULT_OUT, save_results
 from perf.harness import at_concurrency, serve, warm_up
 from perf.llm_generation import QUESTIONS
@@ -52,11 +52,7 @@ def stream_turn(url: str, messages: list[dict], sampling: dict) -> tuple[float, 
     results: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
     client.start_stream(callback=lambda result, error: results.put((result, error)))
-    tensors = []
-    for name, value in (("messages", json.dumps(messages)), ("sampling", json.dumps(sampling))):
-        tensor = grpcclient.InferInput(name, [1], "BYTES")
-        tensor.set_data_from_numpy(np.array([value.encode()], dtype=object))
-        tensors.append(tensor)
+    tensors = infer_inputs(LLM.request(messages=messages, sampling=sampling))
     started, first, count = time.monotonic(), None, 0
     try:
         client.async_stream_infer("llm", tensors)
@@ -64,13 +60,12 @@ def stream_turn(url: str, messages: list[dict], sampling: dict) -> tuple[float, 
             result, error = results.get(timeout=300)
             if error is not None:
                 raise RuntimeError(str(error))
-            text = result.as_numpy("text")[0].decode()
-            finish = result.as_numpy("finish_reason")[0].decode()
-            if text and first is None:
+            out = LLM.read_response({name: result.as_numpy(name) for name in LLM.outputs})
+            if out["text"] and first is None:
                 first = (time.monotonic() - started) * 1000
-            count += bool(text)
-            if finish:
-                return first or 0.0, count, json.loads(result.as_numpy("stats")[0].decode())
+            count += bool(out["text"])
+            if out["finish_reason"]:
+                return first or 0.0, count, out["stats"]
     finally:
         client.stop_stream()
         client.close()

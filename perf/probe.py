@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from avatar.model_io import ASR
+from clients.grpc_tensors import infer_inputs
 from perf.harness import concurrently
 from serving.supervisor import stub_processes
 
@@ -169,11 +171,10 @@ def transcribe(url: str, audio: np.ndarray) -> Outcome:
     from tritonclient.utils import InferenceServerException
 
     started = time.monotonic()
-    tensor = grpcclient.InferInput("audio", [1, audio.size], "FP32")
-    tensor.set_data_from_numpy(np.ascontiguousarray(audio, np.float32)[None])
+    inputs = infer_inputs(ASR.request(audio=np.asarray(audio, np.float32).reshape(-1)))
     try:
         with grpcclient.InferenceServerClient(url) as client:
-            client.infer("asr", [tensor], client_timeout=300)
+            client.infer("asr", inputs, client_timeout=300)
         error = ""
     except InferenceServerException as failure:
         error = str(failure)

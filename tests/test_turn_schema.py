@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from avatar.model_config import parse_config
+from avatar.model_io import ARRAY, NUMPY
 from avatar.pipeline import schema
 from avatar.pipeline.events import FinalEvent, FramesEvent, SentenceEvent, TranscriptEvent
 from avatar.pipeline.runner import event_tensors
@@ -96,7 +97,7 @@ def test_an_event_survives_the_wire(event) -> None:
     tensors = event_tensors(event, video="renderer")
     for name, array in tensors.items():  # the config's dtype, rank and fixed dims
         spec = schema.OUTPUTS[name]
-        assert array.dtype == schema.NUMPY[spec.dtype] and array.ndim == len(spec.dims), name
+        assert array.dtype == NUMPY[spec.dtype] and array.ndim == len(spec.dims), name
     result = grpc_result(tensors)
     back = schema.outputs_event(
         {t.name: result.as_numpy(t.name) for t in result.get_response().outputs}
@@ -143,6 +144,6 @@ def test_a_request_sends_only_what_it_has() -> None:
 
 def test_a_tensor_of_the_wrong_shape_is_refused() -> None:
     with pytest.raises(ValueError, match=r"blendshapes: shape \(3, 50\)"):
-        schema.OUTPUTS["blendshapes"].encode(np.zeros((3, 50)), schema.ARRAY)
+        schema.OUTPUTS["blendshapes"].encode(np.zeros((3, 50)), ARRAY)
     with pytest.raises(ValueError, match="head_pose"):
-        schema.OUTPUTS["head_pose"].encode(np.zeros(3), schema.ARRAY)
+        schema.OUTPUTS["head_pose"].encode(np.zeros(3), ARRAY)

@@ -6,20 +6,18 @@ Everything that touches the turn's tensors is derived from here: the runner's ou
 (`outputs_event`), the requests both clients send (`encode_request`) and the check of
 model_repository/avatar/config.pbtxt (tests/test_turn_schema.py).
 
-Value kinds: TEXT is one UTF-8 string in a BYTES [1] tensor; JSON is a structured value
-serialised there as JSON (here and nowhere else); SCALAR is one number in a [1] tensor;
-ARRAY is a numeric tensor of the declared dims (-1: any length).
+Value kinds and `TensorSpec`: avatar/model_io.py, where the other models' calls are
+defined.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from avatar.model_io import ARRAY, JSON, SCALAR, TEXT, TensorSpec
 from avatar.pipeline.events import (
     FinalEvent,
     FramesEvent,
@@ -27,46 +25,6 @@ from avatar.pipeline.events import (
     TranscriptEvent,
     TurnEvent,
 )
-
-TEXT, JSON, SCALAR, ARRAY = "text", "json", "scalar", "array"
-NUMPY = {"FP32": np.float32, "INT32": np.int32, "UINT8": np.uint8, "BYTES": np.object_}
-
-
-@dataclasses.dataclass(frozen=True)
-class TensorSpec:
-    """One input or output of the `avatar` model, as config.pbtxt declares it (Triton's
-    dtype names: BYTES is TYPE_STRING there)."""
-
-    name: str
-    dtype: str
-    dims: tuple[int, ...]
-    optional: bool = False
-
-    def encode(self, value: Any, kind: str) -> np.ndarray:
-        """A value of `kind` as this tensor; ValueError when its shape does not fit."""
-        if kind == JSON:
-            value = json.dumps(value)
-        if kind in (TEXT, JSON):
-            return np.array([str(value).encode("utf-8")], dtype=object)
-        if kind == SCALAR:
-            return np.array([value], NUMPY[self.dtype])
-        array = np.ascontiguousarray(value, NUMPY[self.dtype])
-        if array.ndim != len(self.dims) or any(
-            want not in (-1, have) for have, want in zip(array.shape, self.dims, strict=True)
-        ):
-            raise ValueError(f"{self.name}: shape {array.shape} does not fit dims {self.dims}")
-        return array
-
-    def decode(self, array: np.ndarray, kind: str) -> Any:
-        """This tensor as a value of `kind` (the inverse of `encode`)."""
-        if kind in (TEXT, JSON):
-            value = array.reshape(-1)[0]
-            text = value.decode("utf-8") if isinstance(value, bytes) else str(value)
-            return json.loads(text) if kind == JSON else text
-        if kind == SCALAR:
-            return array.reshape(-1)[0].item()
-        return array
-
 
 # config.pbtxt's order
 INPUTS = {

@@ -10,6 +10,7 @@ import numpy as np
 
 from avatar.animation.pipeline import Animation, animate
 from avatar.errors import RequestError
+from avatar.model_io import TTS
 from avatar.pipeline.request import Controls
 from avatar.pipeline.turn import Speech, animation_json
 
@@ -21,18 +22,15 @@ TTS_OUTPUTS = ("audio", "sample_rate", "sentence", "phonemes", "phoneme_starts",
 
 def speech_from_tts(out: Mapping[str, np.ndarray]) -> Speech:
     """One `tts` response (TTS_OUTPUTS as numpy) -> `Speech`."""
+    values = TTS.read_response(out)
     return Speech(
-        audio=out["audio"].reshape(-1),
-        sample_rate=int(out["sample_rate"].reshape(-1)[0]),
-        phonemes=[p.decode("utf-8") for p in out["phonemes"].reshape(-1)],
-        starts=out["phoneme_starts"].reshape(-1),
-        ends=out["phoneme_ends"].reshape(-1),
-        text=_utf8(out["sentence"].reshape(-1)[0]),
+        audio=values["audio"].reshape(-1),
+        sample_rate=int(values["sample_rate"]),
+        phonemes=values["phonemes"],
+        starts=values["phoneme_starts"].reshape(-1),
+        ends=values["phoneme_ends"].reshape(-1),
+        text=values["sentence"],
     )
-
-
-def _utf8(value: object) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
 def join_speech(pieces: Sequence[Speech]) -> Speech:

@@ -20,6 +20,7 @@ from avatar.asr.sequences import SequenceWindows, WindowStep
 from avatar.asr.transcribe import AsrOptions, Transcript, check_audio, transcribe
 from avatar.asr.vocab import WhisperVocab
 from avatar.errors import RequestError
+from avatar.model_io import ASR
 from avatar.model_parameters import ModelParameters
 from avatar.pipeline.priority import AsrPass, pass_of, shares
 from avatar.triton.bls import (
@@ -259,16 +260,12 @@ class TritonPythonModel:
             return error_response(result)
         if result.cancelled:
             return cancelled_response("transcription")
-        times = np.array([[s.start, s.end] for s in result.segments], np.float32).reshape(1, -1, 2)
-        texts = np.array([[s.text.strip().encode() for s in result.segments]], dtype=np.object_)
-        texts = texts.reshape(1, len(result.segments))
-        tensors = [
-            pb_utils.Tensor("text", np.array([[result.text.encode()]], dtype=np.object_)),
-            pb_utils.Tensor(
-                "detected_language", np.array([[result.language.encode()]], dtype=np.object_)
-            ),
-            pb_utils.Tensor("segment_times", times),
-            pb_utils.Tensor("segment_texts", texts),
-            pb_utils.Tensor("tokens", np.array([result.tokens], np.int32).reshape(1, -1)),
-        ]
+        tensors = ASR.response(
+            text=result.text,
+            detected_language=result.language,
+            segment_times=np.array([[s.start, s.end] for s in result.segments]).reshape(-1, 2),
+            segment_texts=[s.text.strip() for s in result.segments],
+            tokens=result.tokens,
+        )
+        tensors = [pb_utils.Tensor(name, array) for name, array in tensors.items()]
         return pb_utils.InferenceResponse(output_tensors=tensors)

@@ -20,6 +20,7 @@ from avatar.animation.emotion_classifier import EmotionClassifier, SentenceToken
 from avatar.conversation_tokens import ConversationTokens
 from avatar.knowledge import KNOWLEDGE_DIR_ENV, KnowledgeBase, KnowledgeConfig
 from avatar.languages import speech_language
+from avatar.model_io import ASR, LLM, TTS
 from avatar.model_parameters import ModelParameters
 from avatar.pipeline import Heard, PipelineConfig, Speech, Stages, TurnRequest, parse_turn
 from avatar.pipeline.prompt import KNOWLEDGE_SAMPLING, llm_messages, llm_sampling
@@ -30,17 +31,7 @@ from avatar.triton.diagnostics import enable_crash_reports
 from avatar.triton.metrics import Counter, Gauge
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-LLM_OUTPUTS = ["text", "sentence", "finish_reason", "stats"]
 RENDERER_CHECK_S = 10.0  # how long an answer of is_model_ready(renderer) is trusted
-
-
-def _bytes(value: str) -> np.ndarray:
-    return np.array([value.encode("utf-8")], dtype=object)
-
-
-def _str(array: np.ndarray) -> str:
-    value = array.reshape(-1)[0]
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
 class TritonPythonModel:
@@ -161,60 +152,54 @@ class TritonPythonModel:
 
     def _transcribe(self, audio: np.ndarray) -> Heard:
         outputs = ["text", "detected_language"]
-        out = bls.infer(self.asr_model, {"audio": audio.reshape(1, -1)}, outputs)
-        return Heard(_str(out["text"]), _str(out["detected_language"]))
+        out = ASR.read_response(bls.infer(self.asr_model, ASR.request(audio=audio), outputs))
+        return Heard(out["text"], out["detected_language"])
 
     def _chat(self, text: str, request: TurnRequest, stop: Callable[[], bool]):
-        sampling = llm_sampling(request, self.max_tokens, self.knowledge_sampling)
-        inputs = {
-            "messages": _bytes(json.dumps(llm_messages(text, request))),
-            "sampling": _bytes(json.dumps(sampling)),
-        }
-        if request.session_id:
-            inputs["session_id"] = _bytes(request.session_id)
-        if request.parent_session_id:
-            inputs["parent_session_id"] = _bytes(request.parent_session_id)
-        if request.context:
-            inputs["context"] = _bytes(request.context)
+        inputs = LLM.request(
+            messages=llm_messages(text, request),
+            sampling=llm_sampling(request, self.max_tokens, self.knowledge_sampling),
+            session_id=request.session_id or None,
+            parent_session_id=request.parent_session_id or None,
+            context=request.context or None,
+        )
         pending, stats = "", {}
         replies = bls.stream(
             self.llm_model,
             inputs,
-            LLM_OUTPUTS,
+            list(LLM.outputs),
             request_id=request.turn_id,
             stop=stop,
             idle_timeout_s=self.llm_timeout_s,
         )
-        for out in replies:
-            pending += _str(out["text"])
-            sentence = _str(out["sentence"]).strip()
+        for out in map(LLM.read_response, replies):
+            pending += out["text"]
+            sentence = out["sentence"].strip()
             if sentence:
                 yield sentence
                 pending = ""
-            if _str(out["finish_reason"]):
-                stats = json.loads(_str(out["stats"]) or "{}")
+            if out["finish_reason"]:
+                stats = out["stats"]
         if pending.strip() and not stop():
             yield pending.strip()
         return stats
 
     def _cut(self, request: TurnRequest, spoken: str) -> None:
         """Barge-in: end the turn's LLM generation and keep only what was spoken."""
-        inputs = {"stop": np.array([True]), "spoken": _bytes(spoken)}
-        if request.session_id:
-            inputs["session_id"] = _bytes(request.session_id)
+        inputs = LLM.request(stop=True, spoken=spoken, session_id=request.session_id or None)
         replies = bls.stream(
             self.llm_model, inputs, ["stats"], request_id=request.turn_id, idle_timeout_s=10.0
         )
-        for out in replies:
-            outcome = json.loads(_str(out["stats"]) or "{}").get("stop", "")
+        for out in map(LLM.read_response, replies):
+            outcome = out["stats"].get("stop", "")
             pb_utils.Logger.log_info(f"avatar: llm generation {request.turn_id}: {outcome}")
 
     def _speak(self, text: str, request: TurnRequest) -> Iterator[Speech]:
-        inputs = {
-            "text": _bytes(text),
-            "seed": np.array([request.controls.seed], np.int64),
-            "language": _bytes(speech_language(text, request.language, self.voice_languages)),
-        }
+        inputs = TTS.request(
+            text=text,
+            seed=request.controls.seed,
+            language=speech_language(text, request.language, self.voice_languages),
+        )
         replies = bls.stream(
             self.tts_model,
             inputs,

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from avatar.model_io import AVATAR_SPEECH, TTS
 from avatar.model_parameters import ModelParameters
 from avatar.pipeline.speech import TTS_OUTPUTS, join_speech, speech_from_tts
 from avatar.triton import bls
@@ -29,20 +29,18 @@ class TritonPythonModel:
         text = bls.input_text(request, "text")  # one UTF-8 string, else RequestError
         pieces = [
             speech_from_tts(out)
-            for out in bls.stream(
-                self.tts_model, {"text": np.array([text.encode()], object)}, TTS_OUTPUTS
-            )
+            for out in bls.stream(self.tts_model, TTS.request(text=text), TTS_OUTPUTS)
         ]
         bls.is_cancelled(request)  # a helper-thread round trip: finished iterators may go
         speech = join_speech(pieces)
-        tensors = {
-            "audio": speech.audio,
-            "sample_rate": np.array([speech.sample_rate], np.int32),
-            "duration": np.array([speech.audio.size / speech.sample_rate], np.float32),
-            "phonemes": np.array([p.encode("utf-8") for p in speech.phonemes], dtype=object),
-            "phoneme_starts": speech.starts,
-            "phoneme_ends": speech.ends,
-        }
+        tensors = AVATAR_SPEECH.response(
+            audio=speech.audio,
+            sample_rate=speech.sample_rate,
+            duration=speech.audio.size / speech.sample_rate,
+            phonemes=speech.phonemes,
+            phoneme_starts=speech.starts,
+            phoneme_ends=speech.ends,
+        )
         return pb_utils.InferenceResponse(
             output_tensors=[pb_utils.Tensor(k, v) for k, v in tensors.items()]
         )

@@ -39,6 +39,7 @@ from avatar.llm.sequences import SequenceDecoder, Step
 from avatar.llm.settings import LlmSettings, llm_settings
 from avatar.llm.tokenizer import Tokenizer
 from avatar.llm.trtllm import TensorRtLlmBackend
+from avatar.model_io import LLM
 from avatar.model_parameters import ModelParameters
 from avatar.triton import bls
 from avatar.triton.diagnostics import enable_crash_reports
@@ -191,7 +192,7 @@ class TritonPythonModel:
                         _spoken(request),
                         _text(request, "session_id", optional=True),
                     )
-                    stats = json.dumps({"stop": outcome})
+                    stats = {"stop": outcome}
                     sender.send(_response("", "", "", stats, requested), flags=FINAL)
                     continue
                 turn = self.engine.parse(
@@ -256,10 +257,9 @@ class _Stream:
             self.sender.send(pb_utils.InferenceResponse(error=message), flags=FINAL)
             return
         for chunk in event.chunks:
-            self.sender.send(_response(chunk.text, chunk.sentence or "", "", "", self.requested))
+            self.sender.send(_response(chunk.text, chunk.sentence or "", "", None, self.requested))
         if event.finish_reason is not None:
-            stats = json.dumps(event.stats or {})
-            response = _response("", "", event.finish_reason, stats, self.requested)
+            response = _response("", "", event.finish_reason, event.stats or {}, self.requested)
             self.sender.send(response, flags=FINAL)
 
 
@@ -280,9 +280,8 @@ def _spoken(request) -> str | None:
     return bls.input_text(request, "spoken", optional=True)
 
 
-def _response(text: str, sentence: str, finish: str, stats: str, requested: frozenset[str]):
-    values = {"text": text, "sentence": sentence, "finish_reason": finish, "stats": stats}
-    return bls.response(
-        {name: np.array([value.encode("utf-8")], dtype=object) for name, value in values.items()},
-        requested,
-    )
+def _response(text: str, sentence: str, finish: str, stats: dict | None, requested: frozenset[str]):
+    """One response (avatar.model_io.LLM); `stats` None: "" (only the last one has them)."""
+    tensors = LLM.response(text=text, sentence=sentence, finish_reason=finish, stats=stats)
+    tensors.setdefault("stats", np.array([b""], dtype=object))
+    return bls.response(tensors, requested)

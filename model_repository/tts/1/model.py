@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from avatar.model_io import TTS
 from avatar.model_parameters import ModelParameters
 from avatar.triton import bls
 from avatar.triton.diagnostics import enable_crash_reports
@@ -99,13 +100,13 @@ class TritonPythonModel:
 
 
 def _response(result: SentenceAudio, index: int, requested: frozenset[str]):
-    tensors = {
-        "audio": result.audio.astype(np.float32),
-        "sample_rate": np.array([result.sample_rate], np.int32),
-        "sentence": np.array([result.text.encode("utf-8")], dtype=object),
-        "sentence_index": np.array([index], np.int32),
-        "phonemes": np.array([p.encode("utf-8") for p in result.phonemes], dtype=object),
-        "phoneme_starts": result.starts.astype(np.float32),
-        "phoneme_ends": result.ends.astype(np.float32),
-    }
+    tensors = TTS.response(
+        audio=result.audio,
+        sample_rate=result.sample_rate,
+        sentence=result.text,
+        sentence_index=index,
+        phonemes=result.phonemes,
+        phoneme_starts=result.starts,
+        phoneme_ends=result.ends,
+    )
     return bls.response(tensors, requested)

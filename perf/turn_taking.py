@@ -379,6 +379,44 @@ def decision_cost(repeats: int = 50) -> dict[str, float]:
     return out
 
 
+def pause_wer(pauses: Sequence[float]) -> dict[str, dict[str, float]]:
+    """{voice: {pause: WER}} of the transcript a turn starts from (the pass at the last
+    pause of the utterance, Whisper in-process as `run`'s) with the pass at each pause
+    length, on the packaged human recordings and the Piper voice's clips: whether an
+    earlier pass hears less."""
+    from avatar.endpointing import Endpointer, SpeechPaused
+    from avatar.vad import chunks, onnx_vad, speech_probabilities
+    from evals.clips import clips
+    from evals.recordings import human_clips
+    from evals.wer import corpus_wer
+    from export.common import onnx_session
+    from export.registry import ensure_all
+    from perf.endpointing import _transcriber
+
+    vad = onnx_vad(onnx_session(ensure_all(["vad"])["vad"] / "model.onnx"))
+    transcribe = _transcriber(LANGUAGE)
+    lead, tail = np.zeros(int(0.3 * SAMPLE_RATE), np.float32), np.zeros(2 * SAMPLE_RATE, np.float32)
+    out: dict[str, dict[str, float]] = {}
+    for voice, material in (("human", human_clips()), ("piper", clips())):
+        heard: dict[float, list[str]] = {pause: [] for pause in pauses}
+        for clip in material:
+            audio = np.concatenate([lead, clip.audio, tail])
+            probs = speech_probabilities(vad, audio)
+            for pause in pauses:
+                endpointer, last = Endpointer(pause_s=pause), np.zeros(0, np.float32)
+                for chunk, prob in zip(chunks(audio), probs, strict=True):
+                    paused = [
+                        e
+                        for e in endpointer.step(chunk, float(prob))
+                        if isinstance(e, SpeechPaused)
+                    ]
+                    last = paused[-1].audio if paused else last
+                heard[pause].append(transcribe(last) if len(last) else "")
+        texts = [c.text for c in material]
+        out[voice] = {f"{p:g}": round(corpus_wer(texts, heard[p]), 4) for p in pauses}
+    return out
+
+
 def choose(
     rows: Sequence[dict],
     pauses: Sequence[float],
@@ -465,6 +503,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         help="a file of the models' answers to reuse and update (same material, same models)",
     )
+    parser.add_argument(
+        "--pause-wer",
+        type=float,
+        nargs="+",
+        metavar="S",
+        help="also the WER of the transcript a turn starts from with the pass at each pause",
+    )
     parser.add_argument("--out", type=Path, default=OUT)
     parser.set_defaults(func=command)
 
@@ -489,10 +534,18 @@ def command(args: argparse.Namespace) -> int:
         f"{cost['words_cpu_ms_p50']} / {cost['words_cpu_ms_p95']}, audio "
         f"{cost['audio_cpu_ms_p50']} / {cost['audio_cpu_ms_p95']}."
     )
+    if args.pause_wer:
+        wer = pause_wer(args.pause_wer)
+        results_wer = "; ".join(
+            f"{voice} " + ", ".join(f"{p} s {w:.2%}" for p, w in by.items())
+            for voice, by in wer.items()
+        )
+        table += f"\n\nWER of the transcript at the pause (pass at): {results_wer}."
     results = {
         "rows": rows,
         "chosen_on_dev": chosen,
         "decision_cost": cost,
+        "pause_wer": wer if args.pause_wer else None,
         "settings": {
             "split": args.split,
             "voices": list(families),

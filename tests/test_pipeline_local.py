@@ -77,6 +77,10 @@ def test_spoken_question_in_process(stages, question):
     assert 0 < final.timings["llm_stats"]["completion_tokens"] <= SHORT["max_tokens"]
 
 
+# `extended` (7 s): the served turn renders the chosen face in CI
+# (tests/test_portrait_server.py::test_the_face_control_picks_the_renderer[cartoon-256]) and
+# takes the emotion control (tests/test_pipeline_server.py::test_text_input_with_controls)
+@pytest.mark.extended
 def test_text_turn_renders_frames_of_the_chosen_face(stages):
     controls = dict(SHORT, max_tokens=8, render=True, face="cartoon", emotion="happy")
     request = parse_turn(None, "Say hello.", "", json.dumps(controls))

@@ -3,6 +3,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # models exported at once, each in its own process
 JOBS ?= $(shell nproc)
+# make test's pytest workers (pytest-xdist, a test file per worker; each starts its own
+# tritonserver). On 2 cores 2 workers took the run from 576 s to 374 s: much of it waits on
+# servers and real-time audio. 0: one process.
+TEST_WORKERS ?= 2
 
 .PHONY: setup artifacts demo live test test-extended test-all lint perf fuzz
 setup:
@@ -18,7 +22,7 @@ live: artifacts
 test: artifacts
 	scripts/setup.sh --tests
 	$(PY) -m export gates
-	$(PY) -m pytest -m "not slow and not extended" --durations=25
+	$(PY) -m pytest -m "not slow and not extended" -n $(TEST_WORKERS) --dist loadfile --durations=25
 # What CI's run leaves out for time: the `extended` tier (second scenarios against the same
 # real servers, benchmark smoke runs) and the gateway's fuzzer at 800 examples a test
 # (CI: 200). Every component is still tested against its real server by `make test`.

@@ -4,8 +4,8 @@ PY := $(VENV)/bin/python
 # models exported at once, each in its own process
 JOBS ?= $(shell nproc)
 # make test's pytest workers (pytest-xdist, a test file per worker; each starts its own
-# tritonserver). On 2 cores 2 workers took the run from 576 s to 374 s: much of it waits on
-# servers and real-time audio. 0: one process.
+# tritonserver). On 2 cores 2 workers took the run from 576 s to 342-385 s (four runs): much
+# of it waits on servers and real-time audio. 0: one process.
 TEST_WORKERS ?= 2
 
 .PHONY: setup artifacts demo live test test-extended test-all lint perf fuzz
@@ -29,7 +29,7 @@ test: artifacts
 FUZZ_EXTENDED := GATEWAY_FUZZ_EXAMPLES=$${GATEWAY_FUZZ_EXAMPLES:-800}
 test-extended: artifacts
 	scripts/setup.sh --tests
-	$(PY) -m pytest -m extended --durations=25
+	$(PY) -m pytest -m "extended and not slow" --durations=25
 	$(FUZZ_EXTENDED) $(PY) -m pytest tests/test_gateway_fuzz.py -q
 # Everything: CI's tests, the extended tier and the `slow` ones (fault injection, soak, ...)
 test-all: artifacts

@@ -75,6 +75,29 @@ class TensorSpec:
         return array
 
 
+def triton_dtype(dtype: np.dtype) -> str:
+    """Triton's name of a numpy dtype (NUMPY's inverse; str and bytes arrays are BYTES)."""
+    for name, numpy_type in NUMPY.items():
+        if np.dtype(numpy_type) == dtype:
+            return name
+    if dtype.kind in "OSU":
+        return "BYTES"
+    raise ValueError(f"no Triton dtype for numpy {dtype}: expected one of {list(NUMPY)}")
+
+
+def infer_inputs(tensors: Mapping[str, np.ndarray], infer_input: Callable) -> list:
+    """The tensors of a request as tritonclient inputs: `infer_input` is
+    tritonclient.grpc.InferInput or tritonclient.grpc.aio.InferInput (the core imports no
+    client)."""
+    inputs = []
+    for name, value in tensors.items():
+        array = np.ascontiguousarray(value)
+        tensor = infer_input(name, list(array.shape), triton_dtype(array.dtype))
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return inputs
+
+
 @dataclasses.dataclass(frozen=True)
 class Value:
     """A tensor of the model and the kind of value it carries."""

@@ -16,14 +16,13 @@ import numpy as np
 from avatar.conversation_tokens import affinity_headers
 from avatar.credentials import KEY_HEADER, grpc_key_headers
 from avatar.end_of_turn import turn_features
-from avatar.model_io import ASR, TURN_DETECTOR, TURN_WORDS, ModelIO
+from avatar.model_io import ASR, TURN_DETECTOR, TURN_WORDS, ModelIO, infer_inputs
 from avatar.pipeline import schema
 from avatar.pipeline.events import TurnEvent
 from avatar.pipeline.priority import PASS_PARAMETER, PRIORITY, AsrPass, current_pass
 from avatar.turn_words import features as words_features
 from avatar.vad import OUTPUTS as VAD_OUTPUTS
 from avatar.vad import VadStream
-from clients.grpc_tensors import infer_inputs
 
 # the page draws the face from the blendshapes: no pixels over the socket
 TURN_OUTPUTS = tuple(name for name in schema.OUTPUTS if name != "video")
@@ -69,7 +68,7 @@ class Transcript:
 def _inputs(arrays: Mapping[str, np.ndarray]) -> list:
     import tritonclient.grpc.aio as grpcclient
 
-    return infer_inputs(arrays, grpcclient)
+    return infer_inputs(arrays, grpcclient.InferInput)
 
 
 def _arrays(result, io: ModelIO) -> dict[str, np.ndarray | None]:

@@ -26,8 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from avatar.model_io import ASR
-from clients.grpc_tensors import infer_inputs
+from avatar.model_io import ASR, infer_inputs
 from evals.report import DEFAULT_OUT, save_results
 from perf.harness import at_concurrency, percentile, serve, warm_up
 
@@ -41,7 +40,7 @@ def transcribe_served(url: str, audio: np.ndarray) -> str:
     import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(url)
-    inputs = infer_inputs(ASR.request(audio=np.asarray(audio, np.float32)))
+    inputs = infer_inputs(ASR.request(audio=np.asarray(audio, np.float32)), grpcclient.InferInput)
     result = client.infer("asr", inputs, outputs=[grpcclient.InferRequestedOutput("text")])
     return ASR.read_response({"text": result.as_numpy("text")})["text"]
 

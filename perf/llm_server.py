@@ -22,11 +22,10 @@ import statistics
 import time
 from pathlib import Path
 
-from avatar.model_io import LLM
-from clients.grpc_tensors import infer_inputs
+from avatar.model_io import LLM, infer_inputs
+from evals.llm_generation import QUESTIONS
 from evals.report import DEFAULT_OUT, save_results
 from perf.harness import at_concurrency, serve, warm_up
-from perf.llm_generation import QUESTIONS
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +51,7 @@ def stream_turn(url: str, messages: list[dict], sampling: dict) -> tuple[float, 
     results: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
     client.start_stream(callback=lambda result, error: results.put((result, error)))
-    tensors = infer_inputs(LLM.request(messages=messages, sampling=sampling))
+    tensors = infer_inputs(LLM.request(messages=messages, sampling=sampling), grpcclient.InferInput)
     started, first, count = time.monotonic(), None, 0
     try:
         client.async_stream_infer("llm", tensors)

@@ -16,8 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from avatar.model_io import ASR
-from clients.grpc_tensors import infer_inputs
+from avatar.model_io import ASR, infer_inputs
 from perf.harness import concurrently
 from serving.supervisor import stub_processes
 
@@ -171,7 +170,8 @@ def transcribe(url: str, audio: np.ndarray) -> Outcome:
     from tritonclient.utils import InferenceServerException
 
     started = time.monotonic()
-    inputs = infer_inputs(ASR.request(audio=np.asarray(audio, np.float32).reshape(-1)))
+    request = ASR.request(audio=np.asarray(audio, np.float32).reshape(-1))
+    inputs = infer_inputs(request, grpcclient.InferInput)
     try:
         with grpcclient.InferenceServerClient(url) as client:
             client.infer("asr", inputs, client_timeout=300)

@@ -49,3 +49,17 @@ def test_a_call_that_breaks_its_definition_is_refused() -> None:
         TTS.request(text="hi", voice="x")
     with pytest.raises(ValueError, match="does not fit dims"):
         ASR.request(audio=np.zeros((2, 3), np.float32))
+
+
+def test_a_request_becomes_tritonclients_inputs_with_their_triton_dtypes() -> None:
+    import tritonclient.grpc as grpcclient
+
+    from avatar.model_io import infer_inputs
+
+    tensors = ASR.request(audio=np.zeros(160, np.float32), language="en", prefix=[1, 2])
+    inputs = {i.name(): i for i in infer_inputs(tensors, grpcclient.InferInput)}
+    assert {n: (i.datatype(), i.shape()) for n, i in inputs.items()} == {
+        "audio": ("FP32", [1, 160]), "language": ("BYTES", [1, 1]), "prefix": ("INT32", [1, 2]),
+    }  # fmt: skip
+    stop = infer_inputs(LLM.request(stop=True), grpcclient.InferInput)
+    assert [(i.name(), i.datatype()) for i in stop] == [("stop", "BOOL")]

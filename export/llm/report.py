@@ -39,7 +39,7 @@ def report(folder: Path, threads: int = 1) -> None:
         )
         print(f"  {name:18s} {cells}")
     try:
-        from perf.llm_generation import print_generation_figures
+        from evals.llm_generation import print_generation_figures
     except ImportError:
         return
     print_generation_figures(folder, threads=threads)

@@ -212,7 +212,7 @@ def silence_gateway(triton_server) -> Iterator[str]:
 def test_the_first_pause_shows_the_utterance_before_its_end_is_confirmed(
     silence_gateway: str,
 ) -> None:
-    """At the first 0.2-s pause the page gets the whole question as a caption, while the
+    """At the first pause (0.1 s) the page gets the whole question as a caption, while the
     endpointer still waits; the turn's transcript says the same. (A 1.5-s end of speech, so
     that a slow machine's ASR still finishes within it: the caption is sent only then.)"""
     clip = clips()[1]  # "What time does the museum open on Sunday?"

@@ -249,4 +249,42 @@ TURN_WORDS = ModelIO(
     outputs=_values(("probability", "FP32", (1,), SCALAR, False)),
     batched=True,
 )
-MODELS = {io.model: io for io in (LLM, TTS, ASR, AVATAR_SPEECH, TURN_DETECTOR, TURN_WORDS)}
+AVATAR_SAY = ModelIO(
+    "avatar_say",
+    inputs=_values(("text", "BYTES", (1,), TEXT, False)),
+    outputs=_values(
+        ("audio", "FP32", (-1,), ARRAY, False),
+        ("sample_rate", "INT32", (1,), SCALAR, False),
+        ("blendshapes", "FP32", (-1, 52), ARRAY, False),
+        ("head_pose", "FP32", (-1, 3), ARRAY, False),
+        ("fps", "FP32", (1,), SCALAR, False),
+        ("animation", "BYTES", (1,), TEXT, False),  # JSON text, as the client keeps it
+    ),
+)
+VAD = ModelIO(  # the session's recurrent state travels with each chunk (avatar/vad.py)
+    "vad",
+    inputs=_values(
+        ("chunk", "FP32", (512,), ARRAY, False),
+        ("context", "FP32", (64,), ARRAY, False),
+        ("state", "FP32", (2, 128), ARRAY, False),
+    ),
+    outputs=_values(
+        ("speech_prob", "FP32", (1,), SCALAR, False),
+        ("next_context", "FP32", (64,), ARRAY, False),
+        ("next_state", "FP32", (2, 128), ARRAY, False),
+    ),
+    batched=True,
+)
+LIPSYNC = ModelIO(
+    "lipsync",
+    inputs=_values(("audio", "FP32", (-1,), ARRAY, False)),  # windows of 16-kHz audio
+    outputs=_values(
+        ("viseme_probs", "FP32", (-1, 15), ARRAY, False),
+        ("mouth_open", "FP32", (-1,), ARRAY, False),
+    ),
+    batched=True,
+)
+MODELS = {
+    io.model: io
+    for io in (LLM, TTS, ASR, AVATAR_SPEECH, AVATAR_SAY, TURN_DETECTOR, TURN_WORDS, VAD, LIPSYNC)
+}

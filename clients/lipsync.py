@@ -25,6 +25,7 @@ from avatar.animation import AnimationConfig
 from avatar.animation.lipsync import animate_probs
 from avatar.animation.tables import ARKIT_NAMES, VISEMES
 from avatar.audio import read_wav, resample
+from avatar.model_io import infer_inputs
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +47,9 @@ def windows(audio: np.ndarray, window: int, context: int) -> np.ndarray:
 
 def infer_windows(client: grpcclient.InferenceServerClient, batch: np.ndarray, model: str):
     """One request: windows [B, S] -> (viseme_probs [B, F, 15], mouth_open [B, F])."""
-    tensor = grpcclient.InferInput("audio", list(batch.shape), "FP32")
-    tensor.set_data_from_numpy(np.ascontiguousarray(batch, np.float32))
+    inputs = infer_inputs({"audio": np.asarray(batch, np.float32)}, grpcclient.InferInput)
     result = client.infer(
-        model, [tensor], outputs=[grpcclient.InferRequestedOutput(n) for n in OUTPUTS]
+        model, inputs, outputs=[grpcclient.InferRequestedOutput(n) for n in OUTPUTS]
     )
     return tuple(result.as_numpy(n) for n in OUTPUTS)
 

@@ -13,23 +13,22 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
+from avatar.model_io import AVATAR_SAY, infer_inputs
 
-OUTPUTS = ("audio", "sample_rate", "blendshapes", "head_pose", "fps", "animation")
+OUTPUTS = tuple(AVATAR_SAY.outputs)
 
 
 def say(url: str, text: str, model: str = "avatar_say") -> dict:
     """One request; outputs as numpy (animation decoded to a JSON string)."""
     import tritonclient.grpc as grpcclient
 
-    tensor = grpcclient.InferInput("text", [1], "BYTES")
-    tensor.set_data_from_numpy(np.array([text.encode()], dtype=object))
+    inputs = infer_inputs(AVATAR_SAY.request(text=text), grpcclient.InferInput)
     with grpcclient.InferenceServerClient(url) as client:
         result = client.infer(
-            model, [tensor], outputs=[grpcclient.InferRequestedOutput(n) for n in OUTPUTS]
+            model, inputs, outputs=[grpcclient.InferRequestedOutput(n) for n in OUTPUTS]
         )
     out = {name: result.as_numpy(name) for name in OUTPUTS}
-    out["animation"] = out["animation"].reshape(-1)[0].decode("utf-8")
+    out["animation"] = AVATAR_SAY.read_response(out)["animation"]
     return out
 
 

@@ -15,17 +15,15 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 from avatar.audio import read_wav, resample
+from avatar.model_io import infer_inputs
 from avatar.vad import OUTPUTS, SAMPLE_RATE, Segment, speech_probabilities, speech_segments
 
 log = logging.getLogger(__name__)
 
 
 def infer(client: grpcclient.InferenceServerClient, model: str, arrays: dict[str, np.ndarray]):
-    inputs = []
-    for name, array in arrays.items():
-        tensor = grpcclient.InferInput(name, list(array.shape), "FP32")
-        tensor.set_data_from_numpy(np.ascontiguousarray(array, np.float32))
-        inputs.append(tensor)
+    tensors = {name: np.asarray(array, np.float32) for name, array in arrays.items()}
+    inputs = infer_inputs(tensors, grpcclient.InferInput)
     outputs = [grpcclient.InferRequestedOutput(name) for name in OUTPUTS]
     result = client.infer(model, inputs, outputs=outputs)
     return {name: result.as_numpy(name) for name in OUTPUTS}

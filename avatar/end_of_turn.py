@@ -173,25 +173,24 @@ class ModelEndpointer(Endpointer):
         self.fusion = fusion or Fusion()
         self.unfinished_silence = max(1, round(self.fusion.unfinished_silence_s / CHUNK_S))
         self.pauses = 0  # pauses asked about: an answer names the one it is about
-        self.asking = False  # in a pause the model was asked about
-        self.outstanding = 0  # asks about this pause not answered yet
-        self.hold = self.fallback_silence  # the silence the answers so far allow
+        self._reset()
 
     def set_end_silence(self, seconds: float) -> None:
         super().set_end_silence(seconds)
         self.fallback_silence = self.detector.min_silence
-        if not self.asking:
-            self.hold = self.fallback_silence
         self._apply()
 
     def _apply(self) -> None:
-        """The silence that ends the turn now: what the answers allow, and while one is on
-        its way at least `answer_wait_s` (an answer, not the clock, decides)."""
+        """The silence that ends the turn now: the silence rule's, longer where the answers
+        hold the pause, and while one is on its way at least `answer_wait_s` (an answer, not
+        the clock, decides)."""
         wait = self.answer_wait if self.outstanding else 0
-        self.detector.min_silence = max(self.hold, wait)
+        self.detector.min_silence = max(self.fallback_silence, self.hold, wait)
 
     def _reset(self) -> None:
-        self.asking, self.outstanding, self.hold = False, 0, self.fallback_silence
+        self.asking = False  # in a pause the model was asked about
+        self.outstanding = 0  # asks about this pause not answered yet
+        self.hold = 0  # the silence the answers about this pause asked for (0: none)
         self._apply()
 
     def step(self, chunk: np.ndarray, prob: float) -> list[EndpointEvent]:

@@ -67,7 +67,7 @@ def add_gateway_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGr
     ]:
         value = getattr(limits, name)
         add(
-            "--" + name.replace("_", "-"),
+            _option(name),
             type=type(value) if value is not None else int,
             default=value,
             help=help_,
@@ -98,18 +98,22 @@ def _session_flag(parser, field: dataclasses.Field) -> list:
     meta.setdefault("type", type(field.default))
     added = [parser.add_argument(name, dest=field.name, default=field.default, help=help_, **meta)]
     if off:
-        added.append(parser.add_argument(off[0], action="store_true", help=off[1]))
+        flag, what = off
+        added.append(parser.add_argument(flag, dest=_off(field), action="store_true", help=what))
     return added
+
+
+def _off(field: dataclasses.Field) -> str:
+    return f"{field.name}_off"
 
 
 def session_options(args: argparse.Namespace, **more) -> SessionOptions:
     """SessionOptions from the flags `add_gateway_arguments` added (`more`: fields that are
     not flags of the gateway, e.g. the models' names)."""
-    values = {f.name: getattr(args, f.name) for f in session_flags()}
-    for field in session_flags():
-        off = field.metadata.get("off")
-        if off and getattr(args, off[0].removeprefix("--").replace("-", "_")):
-            values[field.name] = None
+    values = {
+        f.name: None if getattr(args, _off(f), False) else getattr(args, f.name)
+        for f in session_flags()
+    }
     if values["speculate_after_s"] is None:  # no pass at the pause: nothing to start from
         values.update(speculate_turn=False, partial_every_s=None)
     return SessionOptions(**values, personas=load_personas(args.personas), **more)

@@ -23,7 +23,11 @@ and p95.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import logging
+import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -64,6 +68,89 @@ HALVES = (
 # transcript of the second or None, seconds the transcript took): the gateway's asks read
 # the transcript its pass at the pause (SpeechPaused) made, as gateway/hearing.py does
 Ask = Callable[[np.ndarray, np.ndarray], tuple[float, str | None, float]]
+Scorer = Callable[[str], float | None]  # transcript -> p(the words are a finished turn)
+
+
+class Answers:
+    """What the gateway would hear back at an ask, computed once per distinct audio (the
+    same audio comes back at each pause length and for each strategy): Smart Turn's
+    probability of the audio at the ask, the transcript of the audio at the pause and the
+    seconds it took; and each scorer's words probability once per transcript."""
+
+    def __init__(
+        self, detector, transcribe: Callable[[np.ndarray], str], saved: Path | None = None
+    ):
+        self.detector, self.transcribe, self.saved = detector, transcribe, saved
+        self.probabilities: dict[str, float] = {}
+        self.transcripts: dict[str, tuple[str, float]] = {}
+        if saved is not None and saved.is_file():  # a rerun with other strategies
+            for key, (p, text, took) in json.loads(saved.read_text()).items():
+                if p is not None:
+                    self.probabilities[key] = p
+                if text is not None:
+                    self.transcripts[key] = (text, took)
+        self.scored: dict[tuple[int, str], tuple[float | None, float]] = {}
+        self.calls = Counter[str]()
+
+    @staticmethod
+    def _key(audio: np.ndarray) -> str:
+        return hashlib.blake2b(np.ascontiguousarray(audio).tobytes(), digest_size=16).hexdigest()
+
+    def probability(self, audio: np.ndarray) -> float:
+        """Smart Turn's probability that `audio` (the utterance at an ask) is finished."""
+        from avatar.end_of_turn import turn_features
+
+        key = self._key(audio)
+        if key not in self.probabilities:
+            self.calls["probabilities"] += 1
+            features = turn_features(audio)[None]
+            p = self.detector.run(["probability"], {"input_features": features})[0]
+            self.probabilities[key] = float(p.reshape(-1)[0])
+        return self.probabilities[key]
+
+    def transcript(self, audio: np.ndarray) -> tuple[str, float]:
+        """(the transcript of `audio`, the seconds it took the first time)."""
+        key = self._key(audio)
+        if key not in self.transcripts:
+            self.calls["transcripts"] += 1
+            started = time.monotonic()
+            text = self.transcribe(audio)
+            self.transcripts[key] = (text, time.monotonic() - started)
+        return self.transcripts[key]
+
+    def __call__(self, audio: np.ndarray, at_pause: np.ndarray) -> tuple[float, str, float]:
+        self.calls["asks"] += 1
+        return self.probability(audio), *self.transcript(at_pause)
+
+    def save(self) -> None:
+        if self.saved is None:
+            return
+        saved = {k: [p, None, None] for k, p in self.probabilities.items()}
+        for k, (text, took) in self.transcripts.items():
+            saved[k] = [self.probabilities.get(k), text, took]
+        self.saved.parent.mkdir(parents=True, exist_ok=True)
+        self.saved.write_text(json.dumps(saved))
+
+    def words(self, scorer: Scorer, text: str) -> tuple[float | None, float]:
+        """(`scorer`'s probability for `text` (its features drop the punctuation), seconds
+        it took)."""
+        key = (id(scorer), text)
+        if key not in self.scored:
+            started = time.monotonic()
+            self.scored[key] = (scorer(text), time.monotonic() - started)
+        return self.scored[key]
+
+    def asker(self, scorer: Scorer | None) -> Ask:
+        """The answers as a strategy with `scorer` gets them: the words come after the
+        transcript, so their time is added to it."""
+        if scorer is None:
+            return self
+
+        def ask(audio: np.ndarray, at_pause: np.ndarray) -> tuple[float, str, float]:
+            p, text, took = self(audio, at_pause)
+            return p, text, took + self.words(scorer, text)[1]
+
+        return ask
 
 
 def endpoints(
@@ -184,9 +271,6 @@ def material() -> dict[str, list[np.ndarray]]:
 def run(
     silences=SILENCES, models=MODEL_SETTINGS, ask_latency_ms: float = ASK_LATENCY_MS
 ) -> list[dict]:
-    import time
-
-    from avatar.end_of_turn import turn_features
     from avatar.vad import onnx_vad, speech_probabilities
     from export.common import onnx_session
     from export.registry import ensure_all
@@ -194,33 +278,19 @@ def run(
     built = ensure_all(["vad", "turn_detector"])
     run = onnx_vad(onnx_session(built["vad"] / "model.onnx"))
     detector = onnx_session(built["turn_detector"] / "model.onnx")
-    transcribe = _transcriber()
-    asked: dict[bytes, tuple[float, str, float]] = {}
-
-    def answer(audio: np.ndarray) -> tuple[float, str, float]:
-        key = audio[-16_000:].tobytes() + len(audio).to_bytes(8, "little")
-        if key not in asked:  # the same question comes back for each setting
-            features = turn_features(audio)[None]
-            p = float(detector.run(["probability"], {"input_features": features})[0])
-            started = time.monotonic()
-            text = transcribe(audio)
-            asked[key] = (p, text, time.monotonic() - started)
-        return asked[key]
-
-    def ask(audio: np.ndarray, at_pause: np.ndarray) -> tuple[float, str, float]:
-        return answer(audio)[0], *answer(at_pause)[1:]
+    answers = Answers(detector, _transcriber())
 
     def without_text(audio: np.ndarray, at_pause: np.ndarray) -> tuple[float, None, float]:
-        return answer(audio)[0], None, 0.0  # the model's answer alone: its latency
+        return answers.probability(audio), None, 0.0  # the model's answer alone: its latency
 
     audios = material()
     probabilities = {
         name: [speech_probabilities(run, a) for a in items] for name, items in audios.items()
     }
-    strategies = [(f"silence {s:g}", s, None, ask) for s in silences]
+    strategies = [(f"silence {s:g}", s, None, answers) for s in silences]
     for c, w in models:
         strategies += [(f"model {c:g}/{w:g}", 0.7, (c, w), without_text)]
-        strategies += [(f"model+text {c:g}/{w:g}", 0.7, (c, w), ask)]
+        strategies += [(f"model+text {c:g}/{w:g}", 0.7, (c, w), answers)]
     rows = []
     for label, silence, model, asking in strategies:
         for name, probs in probabilities.items():
@@ -232,7 +302,7 @@ def run(
                     model=model,
                     ask=asking,
                     ask_latency_s=ask_latency_ms / 1000,
-                    pause_pass_s=lambda audio: answer(audio)[2],
+                    pause_pass_s=lambda audio: answers.transcript(audio)[1],
                 )
                 for p, a in zip(probs, audios[name], strict=True)
             ]

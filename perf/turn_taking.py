@@ -31,11 +31,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
-import json
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -44,7 +41,7 @@ import numpy as np
 
 from evals.report import DEFAULT_OUT, save_results
 from evals.turn_taking import FAMILIES, PAUSES, SAMPLE_RATE, SPLITS, Item, items
-from perf.endpointing import ASK_LATENCY_MS, PAUSE_S, Ask, endpoint_events
+from perf.endpointing import ASK_LATENCY_MS, PAUSE_S, Answers, Scorer, endpoint_events
 
 if TYPE_CHECKING:
     from avatar.endpointing import TurnEndStrategy
@@ -53,7 +50,6 @@ log = logging.getLogger(__name__)
 OUT = DEFAULT_OUT / "turn_taking"
 LANGUAGE = "en"  # every voice of the material speaks English
 MAX_CUT = 0.10  # a strategy may cut at most this share of heads at every pause
-Scorer = Callable[[str], float | None]  # transcript -> p(the words are a finished turn)
 # (label, a fresh strategy for each item, the words' scorer: None = decide(p, pause, text))
 Strategy = tuple[str, Callable[[], "TurnEndStrategy"], Scorer | None]
 
@@ -133,79 +129,6 @@ def words_scorer() -> Scorer:
         return float(session.run(["probability"], {"features": row[None]})[0].reshape(-1)[0])
 
     return score
-
-
-class Answers:
-    """What the gateway would hear back at an ask, computed once per distinct audio (the
-    same audio comes back at each pause length and for each strategy): Smart Turn's
-    probability of the audio at the ask, the transcript of the audio at the pause and the
-    seconds it took; and each scorer's words probability once per transcript."""
-
-    def __init__(
-        self, detector, transcribe: Callable[[np.ndarray], str], saved: Path | None = None
-    ):
-        self.detector, self.transcribe, self.saved = detector, transcribe, saved
-        self.probabilities: dict[str, float] = {}
-        self.transcripts: dict[str, tuple[str, float]] = {}
-        if saved is not None and saved.is_file():  # a rerun with other strategies
-            for key, (p, text, took) in json.loads(saved.read_text()).items():
-                if p is not None:
-                    self.probabilities[key] = p
-                if text is not None:
-                    self.transcripts[key] = (text, took)
-        self.scored: dict[tuple[int, str], tuple[float | None, float]] = {}
-        self.calls = Counter[str]()
-
-    @staticmethod
-    def _key(audio: np.ndarray) -> str:
-        return hashlib.blake2b(np.ascontiguousarray(audio).tobytes(), digest_size=16).hexdigest()
-
-    def __call__(self, audio: np.ndarray, at_pause: np.ndarray) -> tuple[float, str, float]:
-        from avatar.end_of_turn import turn_features
-
-        self.calls["asks"] += 1
-        key, pause_key = self._key(audio), self._key(at_pause)
-        if key not in self.probabilities:
-            self.calls["probabilities"] += 1
-            features = turn_features(audio)[None]
-            p = self.detector.run(["probability"], {"input_features": features})[0]
-            self.probabilities[key] = float(p.reshape(-1)[0])
-        if pause_key not in self.transcripts:
-            self.calls["transcripts"] += 1
-            started = time.monotonic()
-            text = self.transcribe(at_pause)
-            self.transcripts[pause_key] = (text, time.monotonic() - started)
-        return self.probabilities[key], *self.transcripts[pause_key]
-
-    def save(self) -> None:
-        if self.saved is None:
-            return
-        saved = {k: [p, None, None] for k, p in self.probabilities.items()}
-        for k, (text, took) in self.transcripts.items():
-            saved[k] = [self.probabilities.get(k), text, took]
-        self.saved.parent.mkdir(parents=True, exist_ok=True)
-        self.saved.write_text(json.dumps(saved))
-
-    def words(self, scorer: Scorer, text: str) -> tuple[float | None, float]:
-        """(`scorer`'s probability for `text` (its features drop the punctuation), seconds
-        it took)."""
-        key = (id(scorer), text)
-        if key not in self.scored:
-            started = time.monotonic()
-            self.scored[key] = (scorer(text), time.monotonic() - started)
-        return self.scored[key]
-
-    def asker(self, scorer: Scorer | None) -> Ask:
-        """The answers as a strategy with `scorer` gets them: the words come after the
-        transcript, so their time is added to it."""
-        if scorer is None:
-            return self
-
-        def ask(audio: np.ndarray, at_pause: np.ndarray) -> tuple[float, str, float]:
-            p, text, took = self(audio, at_pause)
-            return p, text, took + self.words(scorer, text)[1]
-
-        return ask
 
 
 class _WithWords:

@@ -5,7 +5,8 @@
 #   scripts/setup.sh --dev    + the dev extra (ruff, pytest, the deployment validators)
 #   scripts/setup.sh --tests  + the dev extra, Chromium (the live page's browser tests),
 #                             HAProxy and Redis (the load balancer and the conversation store),
-#                             llama.cpp's server (a real OpenAI-compatible LLM endpoint)
+#                             llama.cpp's server (a real OpenAI-compatible LLM endpoint),
+#                             nginx's RTMP module, ngircd and FFmpeg (the broadcast's tests)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -16,7 +17,9 @@ PYTHON=${PYTHON:-python3}
 # espeak-ng: more voices for the end-of-turn evaluation (evals/turn_taking.py).
 # With --tests also what the test suite needs: Chromium and its WebDriver (the live page
 # is tested in a real browser), HAProxy (deploy/haproxy/haproxy.cfg is checked and run) and
-# redis-server (the shared conversation store of the multi-replica run).
+# redis-server (the shared conversation store of the multi-replica run); nginx with its RTMP
+# module (a real RTMP server the broadcast pushes to), ngircd (a real IRC server: the chat
+# adapter's tests) and ffmpeg/ffprobe (the broadcast read back).
 missing_debs=()
 ldconfig -p | grep -q 'libb64.so.0d' || missing_debs+=(libb64-0d)
 [ -d /usr/share/pocketsphinx/test/data/librivox ] || missing_debs+=(pocketsphinx-testdata)
@@ -26,6 +29,9 @@ if [ "${1:-}" = "--tests" ]; then
   command -v chromedriver >/dev/null || missing_debs+=(chromium-driver)
   command -v haproxy >/dev/null || missing_debs+=(haproxy)
   command -v redis-server >/dev/null || missing_debs+=(redis-server)
+  [ -f /usr/lib/nginx/modules/ngx_rtmp_module.so ] || missing_debs+=(nginx libnginx-mod-rtmp)
+  command -v ngircd >/dev/null || missing_debs+=(ngircd)
+  command -v ffprobe >/dev/null || missing_debs+=(ffmpeg)
 fi
 if ((${#missing_debs[@]})); then
   sudo_cmd=()

@@ -15,16 +15,21 @@ ROOT = Path(__file__).parents[1]
 ALLOWED: dict[str, frozenset[str]] = {
     # The app layer: the `avatar` command, server, supervisor, materialisation.
     "serving": frozenset(
-        {"avatar", "evals", "networks", "export", "training", "clients", "gateway"}
+        {"avatar", "evals", "networks", "export", "training", "clients", "gateway", "broadcast"}
     ),
     # Benchmarks of the served product: they start the server as `avatar serve` does and
     # drive it through the clients and the gateway; their in-process sides run the exported
     # graphs (export's registry and artifacts) and the 2D face. Nothing but tests imports
     # perf, serving included, so it sits beside the app layer, not under it.
-    "perf": frozenset({"avatar", "evals", "networks", "export", "clients", "gateway", "serving"}),
+    "perf": frozenset(
+        {"avatar", "evals", "networks", "export", "clients", "gateway", "serving", "broadcast"}
+    ),
     # The public edge and the thin clients talk to Triton over the network, never to the
     # tooling. A client may draw the 2D face itself (networks.face2d, torch: optional).
     "gateway": frozenset({"avatar", "evals"}),
+    # On air: a chat queue feeding the served `avatar` turns, rendered and encoded on the
+    # server. It talks to Triton as the gateway does (its typed client, access rules).
+    "broadcast": frozenset({"avatar", "evals", "gateway"}),
     "clients": frozenset({"avatar", "evals", "networks"}),
     # Training makes its data with the exported TTS graph (export.tts.utterances) and its
     # cache; export never imports training: what both need (sentence sets, lipsync labels
@@ -42,7 +47,7 @@ ALLOWED: dict[str, frozenset[str]] = {
 }
 # Packages that a torch-free image runs (the server's python models, the gateway), and the
 # metrics every tool imports.
-NO_TORCH = ("avatar", "model_repository", "gateway", "evals")
+NO_TORCH = ("avatar", "model_repository", "gateway", "evals", "broadcast")
 
 
 def _dotted(path: Path) -> str:

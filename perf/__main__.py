@@ -17,6 +17,7 @@
   flood     flood a running gateway while a normal session talks: its latency, the refusals
   failover  2 replicas + HAProxy + Redis + gateway, kill -9 of one mid-conversation
   knowledge  venue questions answered with and without the operator's documents
+  says       own name, the user's facts and the documents' facts stated (dev / test)
   turn-cost  CPU-seconds per spoken turn by stage, queue time per model -> build/perf/turn_cost/
   gpu-stages  each network on a GPU, alone and as Triton models chained by BLS via DLPack
 
@@ -185,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         knowledge,
         latency,
         llm_server,
+        says,
         turn_cost,
         turn_taking,
     )
@@ -227,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     knowledge.add_arguments(
         sub.add_parser("knowledge", help="venue facts stated with and without the documents")
+    )
+    says.add_arguments(
+        sub.add_parser("says", help="own name, the user's facts, the documents' facts stated")
     )
     gpu_capacity.add_command_arguments(
         sub.add_parser("gpu-stages", help="each stage on a GPU, alone and served through BLS")

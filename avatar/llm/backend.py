@@ -22,6 +22,7 @@ import abc
 import dataclasses
 from collections.abc import Callable
 
+from avatar.llm.grounding import CopyBias, GroundingConfig
 from avatar.llm.sampling import Sampler, SamplingParams
 from avatar.llm.scheduler import Event, Generation, Scheduler
 from avatar.llm.sequences import SequenceDecoder
@@ -45,6 +46,9 @@ class Reply:
     # the sentence budget is spent (the engine sets it): the backend ends the generation
     # as it would a cancelled one, and the engine reports it finished ("stop")
     complete: bool = False
+    # what the reply may copy from (avatar.llm.grounding): read by the packaged decoder
+    sources: tuple[str, ...] = ()
+    grounding: GroundingConfig = dataclasses.field(default_factory=GroundingConfig)
 
     def ended(self) -> bool:
         """Stopped by a stop request, cancelled by its caller, or its budget spent."""
@@ -126,9 +130,15 @@ class DecoderBackend(TokenizedPrompts, ReplyBackend):
         self.scheduler = Scheduler(decoder, tokenizer.stop_ids, max_batch, context_tokens)
 
     def submit(self, reply: Reply) -> None:
+        prompt = self.prompt(reply.messages)
+        bias = None
+        if reply.grounding.copies and reply.sources:
+            # a leading space: a source's first word is tokenized as it is mid-sentence
+            ids = [self.tokenizer.encode(" " + text) for text in reply.sources]
+            bias = CopyBias(ids, reply.grounding, len(prompt))
         generation = Generation(
-            prompt=self.prompt(reply.messages),
-            sampler=Sampler(reply.sampling),
+            prompt=prompt,
+            sampler=Sampler(reply.sampling, bias),
             stream=TextStream(self.tokenizer.stream_decoder(), reply.sampling.stop),
             emit=reply.emit,
             is_cancelled=reply.ended,

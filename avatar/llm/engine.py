@@ -25,6 +25,7 @@ from avatar.llm.backend import DecoderBackend, Reply, ReplyBackend
 from avatar.llm.cache import PrefixCache
 from avatar.llm.conversation import ConversationStore, MemoryStore, StoreError, bound_context
 from avatar.llm.decoder import Decoder
+from avatar.llm.grounding import GroundingConfig, recalled, sources
 from avatar.llm.sampling import SamplingParams
 from avatar.llm.scheduler import Event, Scheduler
 from avatar.llm.sequences import KvCacheSequences, SequenceDecoder
@@ -60,6 +61,8 @@ class EngineConfig:
     # > 0: a reply's first piece for TTS may end at a clause break after this many words
     first_clause_words: int = 0
     sampling: SamplingParams = dataclasses.field(default_factory=SamplingParams)
+    # the copy bias towards the persona, the user's words and the passages (packaged decoder)
+    grounding: GroundingConfig = dataclasses.field(default_factory=GroundingConfig)
 
 
 class SentenceBudget:
@@ -97,6 +100,7 @@ class ChatRequest:
     memory_error: str = ""  # the store failed to give the history: answered without it
     # what the session keeps of the prompt (without this turn's passages); None: messages
     remembered: list[Message] | None = None
+    sources: tuple[str, ...] = ()  # what the reply may copy from (avatar.llm.grounding)
 
 
 class ChatEngine:
@@ -210,14 +214,25 @@ class ChatEngine:
                 f"context of {self.config.context_tokens} tokens"
             )
         question = full[-1]
-        if context.strip():
-            if question.role != "user":
-                raise RequestError("context needs the last message to be the user's")
-            full[-1] = Message("user", grounded(question.content, context.strip()))
+        if context.strip() and question.role != "user":
+            raise RequestError("context needs the last message to be the user's")
+        # a question about the user reads their own earlier words beside it, as passages are
+        told = recalled(full, self.config.grounding, example=self.config.introduction)
+        reading = "\n".join(part for part in (told, context.strip()) if part)
+        if reading:
+            full[-1] = Message("user", grounded(question.content, reading))
         full = bound_context(full, self.count_tokens, budget)
         # the passages are this turn's only: the session keeps the question as asked
-        memory = [*full[:-1], question] if context.strip() else None
-        return ChatRequest(full, new, session_id, sampling, token, memory_error, memory)
+        memory = [*full[:-1], question] if reading else None
+        copied = ()
+        if self.config.grounding.copies:
+            copied = sources(
+                [*full[:-1], question],
+                self.config.grounding,
+                example=self.config.introduction,
+                context=context,
+            )
+        return ChatRequest(full, new, session_id, sampling, token, memory_error, memory, copied)
 
     def count_tokens(self, messages: list[Message]) -> int:
         return self.backend.count_tokens(messages)
@@ -270,6 +285,8 @@ class ChatEngine:
             on_event,
             is_cancelled,
             SentenceSplitter(self.config.first_clause_words),
+            sources=request.sources,
+            grounding=self.config.grounding,
         )
         if request_id:
             with self._lock:

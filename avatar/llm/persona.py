@@ -102,6 +102,15 @@ class Persona:
         return " ".join(lines)
 
 
+# the packaged avatar (the `llm` model's default persona)
+DEFAULT = Persona(
+    "Mia",
+    "the receptionist",
+    "warm and cheerful",
+    ("You welcome visitors and answer their questions.",),
+)
+
+
 def _sentence(text: str) -> str:
     return text if text[-1] in ".!?" else text + "."
 

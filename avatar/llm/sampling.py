@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -103,11 +103,17 @@ class SamplingParams:
         return cls(**base)
 
 
-class Sampler:
-    """Chooses tokens for one sequence; its own RNG, so a fixed seed repeats the text."""
+class LogitBias(Protocol):
+    def apply(self, scores: np.ndarray, history: Sequence[int]) -> None: ...
 
-    def __init__(self, params: SamplingParams):
+
+class Sampler:
+    """Chooses tokens for one sequence; its own RNG, so a fixed seed repeats the text.
+    `bias` (avatar.llm.grounding.CopyBias) changes the scores before the choice."""
+
+    def __init__(self, params: SamplingParams, bias: LogitBias | None = None):
         self.params = params
+        self.bias = bias
         self.rng = np.random.default_rng(params.seed)
 
     def choose(self, logits: np.ndarray, history: Sequence[int]) -> int:
@@ -120,6 +126,8 @@ class Sampler:
             scores[seen] = np.where(
                 values > 0, values / p.repetition_penalty, values * p.repetition_penalty
             )
+        if self.bias is not None:
+            self.bias.apply(scores, history)
         if p.temperature == 0.0:
             return int(np.argmax(scores))
         scores /= p.temperature

@@ -31,6 +31,7 @@ from avatar.knowledge import KnowledgeBase, KnowledgeConfig, estimate_tokens
 from avatar.knowledge.base import TokenCounter
 from avatar.llm.cache import PrefixCache
 from avatar.llm.engine import ChatEngine, EngineConfig
+from avatar.llm.openai_api import Endpoint, OpenAIBackend
 from avatar.llm.scheduler import Event
 from avatar.llm.sequences import KvCacheSequences, SequenceDecoder, Step
 from avatar.pipeline.prompt import KNOWLEDGE_SAMPLING, llm_messages, llm_sampling
@@ -66,6 +67,9 @@ class LocalConfig:
     knowledge_sampling: Mapping[str, Any] = dataclasses.field(
         default_factory=lambda: dict(KNOWLEDGE_SAMPLING)
     )
+    # an OpenAI-compatible endpoint answers instead of the packaged decoder (the operator's
+    # own LLM, compared on the same turns: python -m perf says --endpoint URL)
+    llm_endpoint: Endpoint | None = None
 
 
 @contextlib.contextmanager
@@ -76,12 +80,18 @@ def local_stages(models: LocalModels, config: LocalConfig | None = None) -> Iter
     from avatar.llm.tokenizer import Tokenizer
 
     config = config or LocalConfig()
-    sequences = KvCacheSequences(
-        OrtDecoder(models.llm_decoder, config.threads), PrefixCache(config.llm.prefix_cache_entries)
-    )
-    decoder = _SequenceAtATime(sequences, config.llm.max_batch)
     tokenizer = Tokenizer(models.llm_decoder.parent)
-    chat = _Chat(ChatEngine(decoder, tokenizer, config.llm), config.knowledge_sampling)
+    decoder: _SequenceAtATime | None = None
+    if config.llm_endpoint is not None:
+        engine = ChatEngine(OpenAIBackend(config.llm_endpoint), None, config.llm)
+    else:
+        sequences = KvCacheSequences(
+            OrtDecoder(models.llm_decoder, config.threads),
+            PrefixCache(config.llm.prefix_cache_entries),
+        )
+        decoder = _SequenceAtATime(sequences, config.llm.max_batch)
+        engine = ChatEngine(decoder, tokenizer, config.llm)
+    chat = _Chat(engine, config.knowledge_sampling)
     stages = Stages(
         transcribe=_transcriber(models, config),
         chat=chat.chat,
@@ -94,12 +104,13 @@ def local_stages(models: LocalModels, config: LocalConfig | None = None) -> Iter
         if config.knowledge_dir
         else None,
     )
-    chat.engine.scheduler.start()
+    engine.backend.start()
     try:
         yield stages
     finally:
-        chat.engine.scheduler.stop()
-        decoder.pool.shutdown()
+        engine.backend.stop()
+        if decoder is not None:
+            decoder.pool.shutdown()
 
 
 def _session(path: Path, threads: int) -> Any:  # -> onnxruntime.InferenceSession

@@ -1,0 +1,190 @@
+"""Grounded decoding for a small model: the reply is pulled towards what it must repeat.
+
+A 135M model given "Your name is Mia" still says "My name is Luna", and given "my code is
+4417" two turns ago answers about coding. What it has to say is already in its prompt, in
+three places: the persona (who it is), the user's own earlier words (what they told it),
+and the operator's passages. `CopyBias` adds a bonus to the logit of the token that would
+continue a span of those sources which the reply has just repeated, as pointer-style
+decoders copy from their input: once the reply says "My name is", the source "My name is
+Mia." makes " Mia" likelier; once it says "your code is", the user's "my code is 4417"
+(turned to the second person) makes " 4" likelier, then "4", "1", "7".
+
+The sources are written from the speaker's side: the persona's "You are Mia" becomes "I am
+Mia", the user's "my code is 4417" becomes "your code is 4417", so the reply continues the
+spans it would say itself. The model still chooses every token; nothing is canned.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+
+import numpy as np
+
+from avatar.llm.template import Message
+
+# the user's words as the avatar would say them back ("my" -> "your")
+_TO_SECOND = {
+    "i": "you",
+    "me": "you",
+    "my": "your",
+    "mine": "yours",
+    "myself": "yourself",
+    "am": "are",
+    "i'm": "you're",
+    "i've": "you've",
+    "i'd": "you'd",
+    "i'll": "you'll",
+    "we": "you",
+    "our": "your",
+    "us": "you",
+}
+# the persona's "you" as the avatar says it of itself ("Your name is" -> "My name is")
+_TO_FIRST = {
+    "you": "I",
+    "your": "my",
+    "yours": "mine",
+    "yourself": "myself",
+    "are": "am",
+    "you're": "I'm",
+    "you've": "I've",
+    "you'd": "I'd",
+    "you'll": "I'll",
+}
+_WORD = re.compile(r"[A-Za-z]+(?:'[a-z]+)?")
+
+
+def _swap(text: str, table: dict[str, str]) -> str:
+    def one(match: re.Match[str]) -> str:
+        word = match.group(0)
+        swapped = table.get(word.lower())
+        if swapped is None:
+            return word
+        # "I" is capital anywhere: the case follows the position, not the word
+        before = text[: match.start()].rstrip()
+        starts = not before or before[-1] in ".!?\"'"
+        if starts or swapped.startswith("I"):
+            return swapped[0].upper() + swapped[1:]
+        return swapped
+
+    return _WORD.sub(one, text)
+
+
+def second_person(text: str) -> str:
+    """The user's statement as the avatar says it back: "My code is 4417" -> "Your code is
+    4417" ("am" follows "I" only in statements of this kind, so it becomes "are")."""
+    return _swap(text, _TO_SECOND)
+
+
+def first_person(text: str) -> str:
+    """A persona's instruction as the avatar says it of itself: "You are Mia. Your name is
+    Mia." -> "I am Mia. My name is Mia."."""
+    return _swap(text, _TO_FIRST)
+
+
+@dataclasses.dataclass(frozen=True)
+class GroundingConfig:
+    """How strongly replies are pulled to their sources (0: off). `bonus` is added to a
+    logit (before temperature) per token of the longest span the reply repeats, up to
+    `max_span` tokens; spans shorter than `min_span` are ignored."""
+
+    bonus: float = 0.0
+    min_span: int = 2
+    max_span: int = 4
+    persona: bool = True  # the persona's own words (name, role, facts)
+    user: bool = True  # the user's earlier messages, in the second person
+    passages: bool = True  # the operator's passages of this turn
+    # what a question about someone reads beside it, in the form passages are read: about
+    # the user ("what is my code?"), this many of their latest earlier messages (0: off);
+    # about the avatar ("what is your name?"), the persona's statements about itself
+    recall: int = 0
+    recall_persona: bool = False
+
+    @property
+    def copies(self) -> bool:
+        return self.bonus > 0
+
+
+# the question is about the user (they speak of themselves) / about the avatar
+_ABOUT_THE_USER = re.compile(r"\b(?:my|me|mine|i|i'm|myself)\b", re.IGNORECASE)
+_ABOUT_THE_AVATAR = re.compile(r"\b(?:you|your|yours|yourself)\b", re.IGNORECASE)
+_SENTENCE = re.compile(r"[^.!?]+[.!?]*")
+
+
+def persona_statements(system_prompt: str) -> str:
+    """The persona's sentences about the avatar itself, in the first person ("You are Mia,
+    the receptionist." -> "I am Mia, the receptionist."); instructions are left out."""
+    found = []
+    for sentence in _SENTENCE.findall(system_prompt):
+        if re.match(r"(?:you|your)\b", sentence.strip(), re.IGNORECASE):
+            found.append(first_person(sentence.strip()))
+    return " ".join(found)
+
+
+def recalled(
+    messages: Sequence[Message], config: GroundingConfig, *, example: Sequence[Message] = ()
+) -> str:
+    """What the last message should read beside it: when it asks about the user, their
+    latest earlier messages in the second person ("What is my code?" -> "Your code is
+    4417."); when it asks about the avatar, the persona's statements about itself."""
+    question = messages[-1] if messages else None
+    if question is None or question.role != "user":
+        return ""
+    parts = []
+    about_the_avatar = _ABOUT_THE_AVATAR.search(question.content)
+    if config.recall_persona and messages[0].role == "system" and about_the_avatar:
+        parts.append(persona_statements(messages[0].content))
+    if config.recall and _ABOUT_THE_USER.search(question.content):
+        earlier = [m.content for m in messages[:-1] if m.role == "user" and m not in example]
+        parts += [second_person(text) for text in earlier[-config.recall :]]
+    return " ".join(part for part in parts if part)
+
+
+def sources(
+    messages: Sequence[Message],
+    config: GroundingConfig,
+    *,
+    example: Sequence[Message] = (),
+    context: str = "",
+) -> tuple[str, ...]:
+    """What a reply to `messages` may copy from: the system prompt in the first person,
+    the user's earlier messages (not the persona's `example` exchange) in the second
+    person, and the passages."""
+    found: list[str] = []
+    if config.persona and messages and messages[0].role == "system":
+        found.append(first_person(messages[0].content))
+    if config.user:
+        earlier = [m for m in messages[:-1] if m.role == "user" and m not in example]
+        found += [second_person(m.content) for m in earlier]
+    if config.passages and context.strip():
+        found.append(context.strip())
+    return tuple(found)
+
+
+class CopyBias:
+    """The copy bonus for one generation, over token-id sources. The reply is the tokens
+    after `prompt_tokens` of the history the sampler sees."""
+
+    def __init__(
+        self, sources: Sequence[Sequence[int]], config: GroundingConfig, prompt_tokens: int
+    ):
+        self.config, self.prompt_tokens = config, prompt_tokens
+        # span (as a tuple of ids) -> the tokens that follow it somewhere in a source
+        self.next: defaultdict[tuple[int, ...], set[int]] = defaultdict(set)
+        for ids in sources:
+            for length in range(config.min_span, config.max_span + 1):
+                for start in range(len(ids) - length):
+                    self.next[tuple(ids[start : start + length])].add(ids[start + length])
+
+    def apply(self, scores: np.ndarray, history: Sequence[int]) -> None:
+        """Add the bonus in place: for the longest span the reply's end repeats, to each
+        token that continues it (bonus x span length)."""
+        reply = history[self.prompt_tokens :]
+        for length in range(min(self.config.max_span, len(reply)), self.config.min_span - 1, -1):
+            following = self.next.get(tuple(reply[-length:]))
+            if following:
+                ids = np.fromiter(following, np.int64)
+                scores[ids] += self.config.bonus * length
+                return

@@ -1,0 +1,263 @@
+"""`python -m perf says`: does the avatar say the right thing? Its own name and role, the
+user's facts from earlier in the conversation, the operator's documents (evals/grounding).
+
+Every conversation runs through the in-process turn (`avatar.pipeline.local`: the served
+persona, sampling, reply budget, memory and retrieval, as `avatar serve` configures them);
+TTS is replaced by silence (it does not change the words). Each conversation is asked with
+`--seeds` sampling seeds. Rows are grounding variants (`--variants`), added one at a time,
+so each one's effect is measured against the row before it on the same conversations.
+
+    python -m perf says --split dev                      # settings are chosen here
+    python -m perf says --split test --variants served   # the report's figures
+    python -m perf says --split test --endpoint http://127.0.0.1:8080/v1 [--model NAME]
+
+`--endpoint`: the same benchmarks against an OpenAI-compatible server (the operator's own
+LLM; the decoder-side variants do not apply there). Also printed: replies over the
+sentence budget and the time to the first sentence (the turn's first audio, less TTS).
+Results: build/perf/says/says.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from avatar.llm.persona import DEFAULT, Persona
+from avatar.llm.stream import SentenceSplitter
+from avatar.pipeline import Speech, Stages, parse_turn, run_turn
+from avatar.pipeline.local import LocalConfig
+from avatar.sentences import ends_sentence, spoken_text
+from evals.grounding import SPLITS, Conversation, documents, persona_set, states, user_facts
+from evals.report import DEFAULT_OUT, machine, save_results
+
+log = logging.getLogger(__name__)
+
+OUT = DEFAULT_OUT / "says"
+BENCHMARKS = ("name", "facts", "documents")
+
+
+Variant = Callable[[LocalConfig, Persona], LocalConfig]
+
+
+def _persona(config: LocalConfig, persona: Persona) -> LocalConfig:
+    """The persona rendered as a persona file is (prompt and opening exchange)."""
+    llm = dataclasses.replace(
+        config.llm, persona=persona.system_prompt(), introduction=persona.introduction()
+    )
+    return dataclasses.replace(config, llm=llm)
+
+
+def _copy(config: LocalConfig, persona: Persona) -> LocalConfig:
+    grounding = dataclasses.replace(config.llm.grounding, bonus=COPY_BONUS)
+    return dataclasses.replace(config, llm=dataclasses.replace(config.llm, grounding=grounding))
+
+
+def _recall(config: LocalConfig, persona: Persona) -> LocalConfig:
+    grounding = dataclasses.replace(
+        config.llm.grounding, recall=RECALL_MESSAGES, recall_persona=True
+    )
+    return dataclasses.replace(config, llm=dataclasses.replace(config.llm, grounding=grounding))
+
+
+COPY_BONUS = 1.5
+RECALL_MESSAGES = 4
+# variant -> how it changes the served settings; each row adds to the ones before it. The
+# served default persona is plain text: only "persona" and later rows render it as a file.
+VARIANTS: dict[str, Variant] = {
+    "served": lambda config, persona: config,
+    "copy": _copy,
+    "recall": _recall,
+    "persona": _persona,
+}
+
+
+def _silence(text: str, request: Any) -> Iterator[Speech]:
+    """A stand-in for TTS: 0.1 s of silence per piece, no phonemes."""
+    yield Speech(np.zeros(2205, np.float32), 22050, [], np.zeros(0), np.zeros(0), text)
+
+
+def sentences(reply: str) -> int:
+    """Spoken sentences in a reply, counted as the engine's budget counts them
+    (avatar.llm.engine.SentenceBudget over the stream's sentence splitter)."""
+    splitter = SentenceSplitter()
+    pieces = [chunk.sentence for chunk in splitter.push(reply) if chunk.sentence]
+    pieces.append(splitter.flush() or "")
+    return sum(bool(spoken_text(p)) and ends_sentence(spoken_text(p)) for p in pieces)
+
+
+def converse(stages: Stages, conversation: Conversation, session: str, seed: int) -> dict[str, Any]:
+    """Say the conversation's turns in one session; judge the last reply."""
+    replies, first_ms = [], []
+    for n, text in enumerate(conversation.turns):
+        controls = json.dumps({"seed": seed * 1000 + n})
+        request = parse_turn(None, text, session, controls)
+        final = run_turn(request, stages, lambda _event: None, lambda: "")
+        if final.errors:
+            raise RuntimeError(f"turn {text!r} failed: {final.errors}")
+        replies.append(final.reply)
+        first = final.timings.get("since_request_ms", {}).get("llm_first_sentence")
+        if first is not None:
+            first_ms.append(first)
+    reply = replies[-1]
+    return {
+        "turns": list(conversation.turns),
+        "replies": replies,
+        "expect": list(conversation.expect),
+        "kind": conversation.kind,
+        "stated": states(reply, conversation.expect),
+        "over_budget": max(sentences(r) for r in replies) > 3,
+        "first_sentence_ms": first_ms,
+    }
+
+
+def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    first = [ms for r in rows for ms in r["first_sentence_ms"]]
+    stated = sum(r["stated"] for r in rows)
+    return {
+        "stated": stated,
+        "asked": len(rows),
+        "share": round(stated / max(1, len(rows)), 3),
+        "over_budget": sum(r["over_budget"] for r in rows),
+        "first_sentence_ms_p50": round(statistics.median(first), 1) if first else None,
+        "first_sentence_ms_p95": round(float(np.percentile(first, 95)), 1) if first else None,
+        "misses": [
+            {"turns": r["turns"], "reply": r["replies"][-1]} for r in rows if not r["stated"]
+        ][:6],
+    }
+
+
+def run_benchmarks(
+    split: str,
+    benchmarks: tuple[str, ...],
+    variants: tuple[str, ...],
+    seeds: int,
+    *,
+    endpoint: str = "",
+    model: str = "",
+) -> dict[str, Any]:
+    from avatar.llm.openai_api import Endpoint
+    from avatar.pipeline.local import local_stages
+    from serving.served import local_config, local_models
+
+    models = dataclasses.replace(local_models(), renderers={})
+    served = local_config()
+    if endpoint:
+        served = dataclasses.replace(served, llm_endpoint=Endpoint(endpoint, model))
+    names = persona_set(split, DEFAULT.name)
+    own = Persona.from_mapping(names.persona)
+    venue, questions = documents(split)
+    # benchmark -> its conversations, each with its persona file (None: the served persona)
+    sets: dict[str, list[tuple[Conversation, Persona | None]]] = {
+        "name": [(c, None) for c in names.default] + [(c, own) for c in names.own],
+        "facts": [(c, None) for c in user_facts(split)],
+        "documents": [(c, None) for c in questions],
+    }
+    results: dict[str, Any] = {
+        "machine": machine(),
+        "split": split,
+        "seeds": seeds,
+        "engine": f"endpoint {endpoint}" if endpoint else "packaged SmolLM2-135M (in process)",
+        "rows": {},
+    }
+    for n, variant in enumerate(variants):
+        row: dict[str, Any] = {}
+        started = time.perf_counter()
+        for benchmark in benchmarks:
+            rows = []
+            knowledge = venue if benchmark == "documents" else None
+            for persona in dict.fromkeys(p for _, p in sets[benchmark]):
+                config = _configured(served, variants[: n + 1], persona, knowledge)
+                with local_stages(models, config) as served_stages:
+                    stages = dataclasses.replace(served_stages, speak=_silence, feel=None)
+                    for i, (conversation, p) in enumerate(sets[benchmark]):
+                        if p != persona:
+                            continue
+                        for seed in range(seeds):
+                            session = f"{benchmark}-{i}-{seed}-{persona.name if persona else ''}"
+                            rows.append(converse(stages, conversation, session, seed))
+                            log.info(
+                                "%s %s %s -> %r",
+                                variant,
+                                "OK  " if rows[-1]["stated"] else "MISS",
+                                conversation.question,
+                                rows[-1]["replies"][-1][:120],
+                            )
+            row[benchmark] = _summary(rows) | {"conversations": rows}
+        row["seconds"] = round(time.perf_counter() - started, 1)
+        results["rows"][variant] = row
+    return results
+
+
+def _configured(
+    served: LocalConfig,
+    variants: tuple[str, ...],
+    persona: Persona | None,
+    knowledge: Path | None,
+) -> LocalConfig:
+    """The served settings with `variants` applied in order, for the persona file
+    `persona` (None: the served default persona) and the documents."""
+    config = dataclasses.replace(served, knowledge_dir=knowledge)
+    if persona is not None:
+        config = _persona(config, persona)
+    for variant in variants:
+        config = VARIANTS[variant](config, persona or DEFAULT)
+    return config
+
+
+def format_table(results: dict[str, Any]) -> str:
+    lines = [
+        f"split {results['split']}, {results['seeds']} seeds, {results['engine']}",
+        "",
+        "| variant | own name and role | user's facts | documents' facts | over budget | "
+        "first sentence ms p50 / p95 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for variant, row in results["rows"].items():
+        cells, over, first = [], 0, []
+        for benchmark in BENCHMARKS:
+            if benchmark not in row:
+                cells.append("-")
+                continue
+            b = row[benchmark]
+            cells.append(f"{b['stated']}/{b['asked']} ({100 * b['share']:.0f} %)")
+            over += b["over_budget"]
+            first += [ms for c in b["conversations"] for ms in c["first_sentence_ms"]]
+        timing = (
+            f"{statistics.median(first):.0f} / {np.percentile(first, 95):.0f}" if first else "-"
+        )
+        lines.append(f"| {variant} | {' | '.join(cells)} | {over} | {timing} |")
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--split", choices=SPLITS, default="dev")
+    parser.add_argument("--benchmarks", nargs="+", default=list(BENCHMARKS), choices=BENCHMARKS)
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--seeds", type=int, default=2, help="sampling seeds per conversation")
+    parser.add_argument("--endpoint", default="", help="an OpenAI-compatible base URL")
+    parser.add_argument("--model", default="", help="the endpoint's `model` field")
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.set_defaults(func=command)
+
+
+def command(args: argparse.Namespace) -> int:
+    results = run_benchmarks(
+        args.split,
+        tuple(args.benchmarks),
+        tuple(args.variants),
+        args.seeds,
+        endpoint=args.endpoint,
+        model=args.model,
+    )
+    save_results(args.out, "says", results, format_table(results))
+    print(format_table(results))
+    return 0

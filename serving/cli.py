@@ -229,6 +229,35 @@ def _demo(args: argparse.Namespace) -> int:
             )
 
 
+def _broadcast(args: argparse.Namespace) -> int:
+    """On air: the show pushed to --url, against --triton or an embedded server started here
+    with every model (as `avatar serve`)."""
+    from broadcast.__main__ import run_until_signalled
+    from broadcast.onair import BroadcastError, check_irc, output_url, settings_from_args
+    from gateway.triton_client import TritonAccess
+
+    settings = settings_from_args(args)
+    try:  # a wrong URL is said now, not after minutes of starting models
+        output_url(settings.url)
+        check_irc(settings)
+        api_key = read_secret(API_KEY_ENV)
+    except (BroadcastError, ValueError) as error:
+        log.error("%s", error)
+        return 2
+    if args.triton:
+        access = TritonAccess(api_key, args.key_header, args.triton_ca)
+        return run_until_signalled(settings, args.triton, access)
+    repo = args.out or DEFAULT_BUILD / "repository-embedded"
+    build_repository(repo, "embedded")
+    options = ServerOptions(
+        repo, session_secret=_session_secret(), api_key=api_key, key_header=args.key_header
+    )
+    with EmbeddedServer(options) as server:
+        log.info("serving %s: gRPC %s (log %s)", repo, server.grpc_url, server.log_path)
+        access = TritonAccess(api_key, args.key_header)
+        return run_until_signalled(settings, server.grpc_url, access)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="avatar", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -333,6 +362,28 @@ def main(argv: list[str] | None = None) -> int:
         help="the photo portrait (default) or the cartoon face in answer.mp4",
     )
     demo.set_defaults(run=_demo)
+
+    from broadcast.onair import add_broadcast_arguments
+
+    on_air = sub.add_parser(
+        "broadcast",
+        help="go on air: the avatar answers its audience's chat on an RTMP/SRT stream "
+        "(docs/broadcast.md)",
+    )
+    add_broadcast_arguments(on_air)
+    on_air.add_argument(
+        "--triton",
+        metavar="URL",
+        help="a running Triton's gRPC address (default: start the embedded server here)",
+    )
+    on_air.add_argument("--triton-ca", help="PEM root certificate: gRPC to --triton over TLS")
+    on_air.add_argument(
+        "--key-header",
+        default=DEFAULT_KEY_HEADER,
+        help=f"Triton's API key header (the key: ${API_KEY_ENV} or ${API_KEY_ENV}_FILE)",
+    )
+    on_air.add_argument("--out", type=Path, help="where to materialise (default build/)")
+    on_air.set_defaults(run=_broadcast)
 
     args = parser.parse_args(argv)
     if args.command == "serve":

@@ -29,6 +29,8 @@ import logging
 import random
 import ssl
 import time
+from collections.abc import Awaitable
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 from broadcast.chat.adapters import Deliver
@@ -42,6 +44,7 @@ MAX_LINE_BYTES = 8191 + 512  # IRCv3: 8191 bytes of tags before the classic 512-
 IRC_LINE_BYTES = 512  # what one line may carry without tags, CRLF included
 RELAY_PREFIX_BYTES = 120  # ":nick!user@host " that the server puts before our line
 _FORBIDDEN_IN_NAMES = set(" ,\x00\x07\r\n:")
+T = TypeVar("T")
 _TAG_ESCAPES = {":": ";", "s": " ", "\\": "\\", "r": "\r", "n": "\n"}
 
 
@@ -93,19 +96,25 @@ def parse_line(line: str) -> IrcLine:
 
 
 def format_line(command: str, *params: str) -> bytes:
-    """A line to send, CRLF-terminated; the last parameter goes after " :". ValueError when a
-    parameter holds CR, LF or NUL (they would inject a second command)."""
+    """A line to send, CRLF-terminated; the last parameter after " :" where it needs it (a
+    space, empty, a leading ":"). ValueError when a parameter holds CR, LF or NUL (they would
+    inject a second command) or a middle one a space."""
     for param in params:
         if any(ch in param for ch in "\r\n\x00"):
             raise ValueError("an IRC parameter may not contain CR, LF or NUL")
     *middle, last = params if params else ("",)
-    words = [command, *middle] + ([f":{last}"] if params else [])
+    if any(not p or " " in p or p.startswith(":") for p in middle):
+        raise ValueError("only the last IRC parameter may be empty or hold spaces")
+    if params and (not last or " " in last or last.startswith(":")):
+        last = f":{last}"
+    words = [command, *middle] + ([last] if params else [])
     return (" ".join(words) + "\r\n").encode()
 
 
 def split_text(text: str, max_bytes: int) -> list[str]:
     """`text` in pieces of at most `max_bytes` UTF-8 bytes, cut at spaces where it can."""
     pieces: list[str] = []
+    text = text.strip()
     while len(text.encode()) > max_bytes:
         cut = len(text.encode()[:max_bytes].decode(errors="ignore"))  # whole characters
         space = text.rfind(" ", 0, cut + 1)
@@ -114,6 +123,23 @@ def split_text(text: str, max_bytes: int) -> list[str]:
         pieces.append(text[:cut].rstrip())
         text = text[cut:].lstrip()
     return [*pieces, text] if text else pieces
+
+
+async def _within(awaitable: Awaitable[T], timeout: float) -> T:
+    """`awaitable`'s result, or asyncio.TimeoutError after `timeout` s. Not asyncio.wait_for:
+    before Python 3.12 it loses a cancellation that comes as the result arrives (the run
+    task, cancelled as a line came in, read on for idle_s)."""
+    task = asyncio.ensure_future(awaitable)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    if not done:
+        task.cancel()
+        await asyncio.wait({task})  # a read gone before the next one starts on the stream
+        raise asyncio.TimeoutError(f"no answer within {timeout:g} s")
+    return task.result()
 
 
 def _check_name(kind: str, name: str, first: str = "") -> None:
@@ -226,7 +252,7 @@ class IrcChat:
 
     async def _session(self, deliver: Deliver) -> None:
         settings = self.settings
-        reader, writer = await asyncio.wait_for(
+        reader, writer = await _within(
             asyncio.open_connection(
                 settings.host,
                 settings.port,
@@ -297,12 +323,12 @@ class IrcChat:
         """The next line without CRLF; None at the end of the stream. After `timeout` of
         silence once joined, a PING; a server silent past pong_timeout_s raises TimeoutError."""
         try:
-            raw = await asyncio.wait_for(reader.readuntil(b"\n"), timeout)
+            raw = await _within(reader.readuntil(b"\n"), timeout)
         except asyncio.TimeoutError:
             if not self.joined.is_set():
                 raise
             writer.write(format_line("PING", "keepalive"))
-            raw = await asyncio.wait_for(reader.readuntil(b"\n"), self.settings.pong_timeout_s)
+            raw = await _within(reader.readuntil(b"\n"), self.settings.pong_timeout_s)
         except asyncio.IncompleteReadError:
             return None
         return raw.rstrip(b"\r\n").decode("utf-8", errors="replace")

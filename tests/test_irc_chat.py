@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import shutil
 import socket
+import ssl
 import subprocess
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -91,7 +92,8 @@ def _free_port() -> int:
 class Ngircd:
     """ngIRCd in the foreground on `port`, from a config of its own; restartable."""
 
-    def __init__(self, folder: Path, port: int) -> None:
+    def __init__(self, folder: Path, port: int, tls: tuple[int, Path, Path] | None = None) -> None:
+        """`tls`: (port, certificate, key) for a TLS port beside the plain one."""
         self.port, self.config = port, folder / "ngircd.conf"
         self.log = folder / "ngircd.log"
         self.config.write_text(
@@ -107,6 +109,7 @@ class Ngircd:
             "MaxPenaltyTime = 0\n"  # the viewer sends faster than a person would
             "[Options]\n"
             "PAM = no\nIdent = no\nDNS = no\n"
+            + (f"[SSL]\nPorts = {tls[0]}\nCertFile = {tls[1]}\nKeyFile = {tls[2]}\n" if tls else "")
         )
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -115,7 +118,7 @@ class Ngircd:
             self.process = subprocess.Popen(
                 [NGIRCD, "--nodaemon", "--config", str(self.config)], stdout=log, stderr=log
             )
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30  # with TLS it first makes DH parameters
         while time.monotonic() < deadline:
             with (
                 contextlib.suppress(OSError),
@@ -138,10 +141,14 @@ class Ngircd:
         self.process = None
 
 
-@pytest.fixture()
-def ngircd(tmp_path: Path) -> Iterator[Ngircd]:
+def _require_ngircd() -> None:
     if not Path(NGIRCD).exists():
         pytest.skip("ngircd is not installed (scripts/setup.sh --tests installs it)")
+
+
+@pytest.fixture()
+def ngircd(tmp_path: Path) -> Iterator[Ngircd]:
+    _require_ngircd()
     server = Ngircd(tmp_path, _free_port())
     server.start()
     try:
@@ -359,3 +366,48 @@ def test_a_quiet_room_is_pinged_and_a_dead_server_left(ngircd) -> None:
         assert connections[2] - connections[1] < 0.6  # the long line: left at once
 
     asyncio.run(scenario())
+
+
+def test_tls_with_the_servers_certificate_and_not_without(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """ircs:// as Twitch's port 6697: the adapter joins over TLS with a context that trusts
+    the server's (self-signed) certificate, and never joins with the system's trust alone."""
+    _require_ngircd()
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    key.chmod(0o644)  # ngIRCd reads it again after dropping root for "nobody" on REHASH
+    tls_port = _free_port()
+    server = Ngircd(tmp_path, _free_port(), tls=(tls_port, cert, key))
+    server.start()
+
+    async def scenario() -> None:
+        received = Received(ChatQueue())
+        url = f"ircs://127.0.0.1:{tls_port}/show"
+        settings = IrcSettings.from_url(url, "anchor", say_interval_s=0.3, reconnect_min_s=0.1)
+        trusting = IrcChat(settings, ssl_context=ssl.create_default_context(cafile=str(cert)))
+        async with running(trusting, received):
+            viewer = await Viewer.join(server.port, "di")  # the plain port, the same channel
+            viewer.say("is this encrypted?")
+            assert (await received.until(1))[0].text == "is this encrypted?"
+            await viewer.close()
+        untrusting = IrcChat(settings)  # the system's CAs: the self-signed certificate fails
+        task = asyncio.create_task(untrusting.run(received))
+        await asyncio.sleep(0.5)
+        assert not untrusting.joined.is_set()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        server.stop()
+    assert "CERTIFICATE_VERIFY_FAILED" in caplog.text

@@ -167,6 +167,27 @@ def test_limits_blocklist_and_repeats() -> None:
     clock.now += 61
     assert reason("Ed", "x" * 40) == "accepted"
     assert set(queue.counts) <= set(REASONS)
+    assert queue.removed == {"skipped": 1}
+
+
+def test_moderators_withdraw_viewers_and_old_questions_expire() -> None:
+    clock = Clock()
+    queue = ChatQueue(ModerationRules(max_wait_s=300), clock)
+    shared = queue.offer(_message("Troll", "why is the sky blue", viewer_id="troll9"))
+    queue.offer(_message("Ada", "Why is the sky blue?"))
+    queue.offer(_message("Troll", "something rude here", viewer_id="troll9"))
+    assert queue.withdraw_viewer("TROLL9") == 2 and queue.withdraw_viewer("nobody") == 0
+    (question,) = queue.pending()
+    assert (question.id, question.viewers) == (shared.question_id, ("Ada",))
+    assert question.attribution() == "Ada asks: why is the sky blue"
+    # a withdrawn question is not remembered: someone else may ask it
+    assert queue.offer(_message("Bo", "something rude here")).reason == "accepted"
+    clock.now += 200
+    late = queue.offer(_message("Cy", "a later question for you"))
+    queue.pin(shared.question_id)
+    clock.now += 150  # Bo's question waited 350 s; the pinned one stays, Cy's is 150 s old
+    assert [q.id for q in queue.pending()] == [shared.question_id, late.question_id]
+    assert queue.removed == {"withdrawn": 1, "expired": 1}
 
 
 def test_next_question_waits_and_serves_pinned_first_then_oldest() -> None:

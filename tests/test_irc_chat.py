@@ -216,7 +216,7 @@ class Received:
 
 @contextlib.asynccontextmanager
 async def running(chat: IrcChat, received: Received) -> AsyncIterator[asyncio.Task]:
-    task = asyncio.create_task(chat.run(received))
+    task = asyncio.create_task(chat.run(received, received.queue.withdraw_viewer))
     try:
         await asyncio.wait_for(chat.joined.wait(), 10)
         yield task
@@ -411,3 +411,91 @@ def test_tls_with_the_servers_certificate_and_not_without(
     finally:
         server.stop()
     assert "CERTIFICATE_VERIFY_FAILED" in caplog.text
+
+
+async def _until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    for _ in range(int(timeout / 0.02)):
+        if condition():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("not within the time")
+
+
+def test_a_moderators_kick_withdraws_the_viewers_questions(ngircd) -> None:
+    """The channel's operator (its first member) kicks a troll: the troll's own question
+    leaves the queue, and their name leaves the question they shared. Kicked itself, the
+    adapter comes back."""
+
+    async def scenario() -> None:
+        moderator = await Viewer.join(ngircd.port, "mod")  # first in: channel operator
+        received = Received(ChatQueue())
+        chat = IrcChat(_settings(ngircd.port))
+        async with running(chat, received):
+            troll = await Viewer.join(ngircd.port, "troll")
+            troll.say("why is the sky blue")
+            await received.until(1)
+            moderator.say("Why is the sky blue?")
+            troll.say("say something rude about the moderator")
+            await received.until(3)
+            assert [q.viewers for q in received.queue.pending()] == [("troll", "mod"), ("troll",)]
+            moderator.send(f"KICK {CHANNEL} troll :be nice")
+            await _until(lambda: len(received.queue.pending()) == 1)
+            (question,) = received.queue.pending()
+            assert (question.viewers, question.text) == (("mod",), "why is the sky blue")
+            assert received.queue.removed == {"withdrawn": 1}
+
+            moderator.send(f"KICK {CHANNEL} anchor :out")
+            await _until(lambda: chat.sessions == 2 and chat.joined.is_set())
+            await troll.close()
+        await moderator.close()
+
+    asyncio.run(scenario())
+
+
+def test_twitch_lines_from_a_scripted_server() -> None:
+    """What Twitch sends, replayed by a socket server (there is no Twitch here): tags give
+    the display name, CLEARCHAT (ban) and CLEARMSG (deleted message) withdraw, a whole-chat
+    CLEARCHAT does not, RECONNECT is obeyed; the adapter asked for both capabilities."""
+    welcome = (
+        ":tmi.twitch.tv CAP * ACK :twitch.tv/tags\r\n"
+        ":tmi.twitch.tv CAP * ACK :twitch.tv/commands\r\n"
+        ":tmi.twitch.tv 001 anchor :Welcome, GLHF!\r\n"
+        ":anchor!anchor@anchor.tmi.twitch.tv JOIN #show\r\n"
+    )
+    script = [
+        "@display-name=Ada_L;user-id=1 :ada!ada@ada.tmi.twitch.tv PRIVMSG #show :is it live?",
+        "@display-name=Bo;user-id=2 :bo!bo@bo.tmi.twitch.tv PRIVMSG #show :what's for dinner",
+        "@display-name=Cy;user-id=3 :cy!cy@cy.tmi.twitch.tv PRIVMSG #show :do you dream",
+        "@room-id=9;target-user-id=2;tmi-sent-ts=1 :tmi.twitch.tv CLEARCHAT #show :bo",
+        "@login=cy;target-msg-id=abc :tmi.twitch.tv CLEARMSG #show :do you dream",
+        "@room-id=9 :tmi.twitch.tv CLEARCHAT #show",
+        ":tmi.twitch.tv RECONNECT",
+    ]
+    registrations: list[bytes] = []
+
+    async def twitch(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        registrations.append(await reader.readuntil(b"CAP END\r\n"))
+        writer.write(welcome.encode())
+        if len(registrations) == 1:
+            writer.write("".join(f"{line}\r\n" for line in script).encode())
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            while await reader.readuntil(b"\n"):
+                pass
+        writer.close()
+
+    async def scenario() -> None:
+        server = await asyncio.start_server(twitch, "127.0.0.1", 0)
+        received = Received(ChatQueue())
+        chat = IrcChat(_settings(server.sockets[0].getsockname()[1]), password="tok")
+        async with running(chat, received):
+            await _until(lambda: chat.sessions == 2)
+        server.close()
+        assert [m.viewer for m in received.messages] == ["Ada_L", "Bo", "Cy"]
+        assert [q.viewers for q in received.queue.pending()] == [("Ada_L",)]
+        assert received.queue.removed == {"withdrawn": 2}
+        assert (
+            b"CAP REQ twitch.tv/tags\r\nCAP REQ twitch.tv/commands\r\nPASS tok\r\n"
+            in registrations[0]
+        )
+
+    asyncio.run(scenario())

@@ -12,12 +12,14 @@ shows argv), as `oauth:<token>` (the prefix is added for *.twitch.tv when missin
 without a token: nick `justinfan` + digits and no password. `ircs://` is TLS with the
 system's certificate check (`ssl_context` for another); Twitch's TLS port is 6697.
 
-The client asks for IRCv3 message tags (`CAP REQ :twitch.tv/tags`; a server without them
-answers NAK and nothing changes) and takes the viewer's name from Twitch's `display-name`
-tag, else the nick. It answers PING, sends its own when the server goes quiet, reconnects
-with a growing, jittered delay when the connection drops (or Twitch says RECONNECT), reads
-lines of at most `MAX_LINE_BYTES`, and sends each `say` line within IRC's 512 bytes, one per
-`say_interval_s` (Twitch mutes a bot past 20 lines in 30 s).
+The client asks for IRCv3 message tags and Twitch's commands (`CAP REQ :twitch.tv/tags`,
+`CAP REQ :twitch.tv/commands`; a server without them answers NAK and nothing changes) and
+takes the viewer's name from Twitch's `display-name` tag, else the nick. A moderator's KICK,
+and Twitch's CLEARCHAT (ban, timeout) or CLEARMSG (a deleted message) of a viewer, withdraws
+that viewer's questions. It answers PING, sends its own when the server goes quiet,
+reconnects with a growing, jittered delay when the connection drops (or Twitch says
+RECONNECT), reads lines of at most `MAX_LINE_BYTES`, and sends each `say` line within IRC's
+512 bytes, one per `say_interval_s` (Twitch mutes a bot past 20 lines in 30 s).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from collections.abc import Awaitable
 from typing import TypeVar
 from urllib.parse import urlsplit
 
-from broadcast.chat.adapters import Deliver
+from broadcast.chat.adapters import Deliver, Withdraw
 from broadcast.chat.messages import ChatMessage
 from broadcast.chat.text import clean
 
@@ -43,6 +45,7 @@ PASSWORD_ENV = "AVATAR_IRC_PASSWORD"  # or the file $AVATAR_IRC_PASSWORD_FILE na
 MAX_LINE_BYTES = 8191 + 512  # IRCv3: 8191 bytes of tags before the classic 512-byte line
 IRC_LINE_BYTES = 512  # what one line may carry without tags, CRLF included
 RELAY_PREFIX_BYTES = 120  # ":nick!user@host " that the server puts before our line
+TWITCH_CAPABILITIES = ("twitch.tv/tags", "twitch.tv/commands")
 _FORBIDDEN_IN_NAMES = set(" ,\x00\x07\r\n:")
 T = TypeVar("T")
 _TAG_ESCAPES = {":": ";", "s": " ", "\\": "\\", "r": "\r", "n": "\n"}
@@ -142,6 +145,10 @@ async def _within(awaitable: Awaitable[T], timeout: float) -> T:
     return task.result()
 
 
+def _ignore(_viewer: str) -> None:
+    return None
+
+
 def _check_name(kind: str, name: str, first: str = "") -> None:
     if not name or len(name) > 50 or _FORBIDDEN_IN_NAMES & set(name) or not name.isprintable():
         raise ValueError(f"the IRC {kind} {name!r} is not valid: 1-50 printable characters")
@@ -156,7 +163,7 @@ class IrcSettings:
     nick: str
     port: int = 6667
     tls: bool = False
-    request_tags: bool = True  # CAP REQ :twitch.tv/tags (display names)
+    request_tags: bool = True  # CAP REQ the TWITCH_CAPABILITIES (display names, moderation)
     command: str = ""  # e.g. "!ask": only messages that start with it are questions
     say_interval_s: float = 1.6  # Twitch: 20 lines per 30 s for a bot that is not a moderator
     outbox_lines: int = 20  # `say` lines waiting to be sent; more are dropped (logged)
@@ -223,13 +230,15 @@ class IrcChat:
                 log.warning("IRC outbox full (%d lines): dropped a line", self._outbox.qsize())
                 return
 
-    async def run(self, deliver: Deliver) -> None:
-        """Connect, join and deliver until cancelled; reconnect when the connection ends."""
+    async def run(self, deliver: Deliver, withdraw: Withdraw | None = None) -> None:
+        """Connect, join and deliver until cancelled; reconnect when the connection ends.
+        `withdraw(nick)`: the channel's moderators removed a viewer (KICK; Twitch's CLEARCHAT
+        of a user, a ban or timeout, and CLEARMSG, a deleted message)."""
         settings, delay = self.settings, self.settings.reconnect_min_s
         while True:
             sessions = self.sessions
             try:
-                await self._session(deliver)
+                await self._session(deliver, withdraw or _ignore)
                 reason = "the server ended the connection"
             except (OSError, asyncio.TimeoutError, asyncio.LimitOverrunError) as error:
                 # LimitOverrunError: a line longer than MAX_LINE_BYTES
@@ -250,7 +259,7 @@ class IrcChat:
             await asyncio.sleep(wait_s)
             delay = min(delay * 2, settings.reconnect_max_s)
 
-    async def _session(self, deliver: Deliver) -> None:
+    async def _session(self, deliver: Deliver, withdraw: Withdraw) -> None:
         settings = self.settings
         reader, writer = await _within(
             asyncio.open_connection(
@@ -293,6 +302,9 @@ class IrcChat:
                     sender = asyncio.create_task(self._send_said(writer))
                 elif line.command == "PRIVMSG":
                     self._deliver(line, deliver)
+                elif line.command in ("KICK", "CLEARCHAT", "CLEARMSG"):
+                    if self._moderated(line, withdraw):
+                        return  # we were kicked: join again on a new connection
                 elif line.command in ("RECONNECT", "ERROR"):
                     log.info("IRC: %s %s", line.command, " ".join(line.params))
                     return
@@ -308,7 +320,9 @@ class IrcChat:
     def _registration(self) -> bytes:
         # pipelined: a server handles them in order, so CAP END follows the ACK/NAK and
         # registration then completes; a server without CAP ignores it (421)
-        lines = [format_line("CAP", "REQ", "twitch.tv/tags")] if self.settings.request_tags else []
+        lines = []
+        if self.settings.request_tags:  # one request each: a server ACKs or NAKs a request whole
+            lines += [format_line("CAP", "REQ", cap) for cap in TWITCH_CAPABILITIES]
         if self._password:
             lines.append(format_line("PASS", self._password))
         lines.append(format_line("NICK", self.nick))
@@ -360,6 +374,26 @@ class IrcChat:
             log.exception("IRC: delivering a message failed")
             return
         log.debug("IRC %s: %s (%s)", line.nick, verdict.reason, verdict.message)
+
+    def _moderated(self, line: IrcLine, withdraw: Withdraw) -> bool:
+        """A moderator's removal of a viewer -> `withdraw(nick)`; True when it is us."""
+        if not line.params or line.params[0].casefold() != self.settings.channel.casefold():
+            return False
+        if line.command == "CLEARMSG":  # Twitch: the deleted message's author in a tag
+            nick = line.tags.get("login", "")
+        else:  # KICK #channel nick; CLEARCHAT #channel nick (no nick: the whole chat cleared)
+            nick = line.params[1] if len(line.params) > 1 else ""
+        if not nick:
+            return False
+        if nick.casefold() == self.nick.casefold():
+            log.warning("IRC: %s removed us from %s", line.nick or "the server", line.params[0])
+            return True
+        log.info("IRC: %s %s: withdrawing their questions", line.command, nick)
+        try:
+            withdraw(nick)
+        except Exception:  # as for deliver: the connection outlives a broken consumer
+            log.exception("IRC: withdrawing %s failed", nick)
+        return False
 
     async def _send_said(self, writer: asyncio.StreamWriter) -> None:
         while True:

@@ -17,8 +17,10 @@
    a token: a refused message costs the viewer nothing.
 
 The operator pins (answered first, in pin order) or skips a pending question; otherwise the
-oldest goes first. All methods run on one asyncio loop (from another thread:
-`loop.call_soon_threadsafe(queue.offer, message)`).
+oldest goes first, and an unpinned question that waited past `max_wait_s` leaves (its asker
+has likely gone). A platform's moderators act through `withdraw_viewer` (a ban or a deleted
+message takes the viewer's name off their questions). All methods run on one asyncio loop
+(from another thread: `loop.call_soon_threadsafe(queue.offer, message)`).
 """
 
 from __future__ import annotations
@@ -60,11 +62,11 @@ class ModerationRules:
     blocked_words: tuple[str, ...] = ()  # words or phrases, whole words, case/accent-blind
     blocked_viewers: tuple[str, ...] = ()  # account names (viewer_id, else display name)
     max_pending: int = 50
-    merge_overlap: float = (
-        0.75  # Jaccard of word sets: "how old are you" ~ "how old are you really"
-    )
+    # Jaccard of word sets: "how old are you" ~ "how old are you really" (0.8)
+    merge_overlap: float = 0.75
     merge_min_words: int = 3  # shorter texts merge only when their folded words are equal
     repeat_window_s: float = 600.0
+    max_wait_s: float = 900.0  # an unpinned question older than this leaves: its asker has gone
     max_tracked_viewers: int = 10_000  # rate buckets kept; idle full ones are dropped past it
 
 
@@ -85,7 +87,12 @@ class _Entry:
     question: Question
     folded: str
     words: frozenset[str]
-    viewer_keys: set[str]
+    askers: dict[str, str]  # viewer key -> the name said, in asking order
+    queued_at: float  # the queue's clock
+
+    def set_askers(self, askers: dict[str, str]) -> None:
+        self.askers = askers
+        self.question.viewers = tuple(askers.values())
 
 
 class ChatQueue:
@@ -105,9 +112,12 @@ class ChatQueue:
         self._blocked_words = tuple(filter(None, map(chat_text.fold, self.rules.blocked_words)))
         self._blocked_viewers = frozenset(v.casefold() for v in self.rules.blocked_viewers)
         self.counts: collections.Counter[str] = collections.Counter()  # verdict codes
+        # how questions left: answered, skipped, expired, withdrawn
+        self.removed: collections.Counter[str] = collections.Counter()
 
     def offer(self, message: ChatMessage) -> Verdict:
         """Judge `message`: queue it, merge it into a pending question, or refuse it."""
+        self._expire()
         verdict = self._judge(message)
         self.counts[verdict.reason] += 1
         log.debug("%s from %s: %s", verdict.reason, message.viewer_key, verdict.message)
@@ -136,7 +146,8 @@ class ChatQueue:
             Question(0, text, (viewer,), message.source, message.received_at),
             folded,
             frozenset(folded.split()),
-            {key},
+            {key: viewer},
+            self._clock(),
         )
         repeated = self._repeats(entry)
         if repeated is not None:
@@ -157,11 +168,10 @@ class ChatQueue:
 
     def _merge(self, entry: _Entry, viewer: str, key: str) -> Verdict:
         question = entry.question
-        if key not in entry.viewer_keys:
+        if key not in entry.askers:
             if not self._bucket(key).take():  # merging is asking: the same pace
                 return self._rate_limited(key)
-            entry.viewer_keys.add(key)
-            question.viewers = (*question.viewers, viewer)
+            entry.set_askers({**entry.askers, key: viewer})
         return Verdict(
             True, True, "merged", question.id, f"the same question is pending: {question.text}"
         )
@@ -223,7 +233,7 @@ class ChatQueue:
     async def next_question(self) -> Question:
         """The next question to answer, once there is one: pinned first (in pin order), then
         the oldest. It leaves the queue; asking it again soon is refused as `repeated`."""
-        while not self._pending:
+        while not self._expire():
             self._arrived.clear()
             await self._arrived.wait()
         entry = self._pending[self._order()[0]]
@@ -258,19 +268,48 @@ class ChatQueue:
             self._pins.remove(question_id)
         return True
 
+    def withdraw_viewer(self, viewer_key: str) -> int:
+        """A platform's moderator removed this viewer (ban, timeout, kick, deleted message):
+        their name leaves every pending question, and a question only they asked leaves the
+        queue. The number of questions it touched."""
+        key, touched = viewer_key.casefold(), 0
+        for entry in list(self._pending.values()):
+            if key not in entry.askers:
+                continue
+            touched += 1
+            askers = {k: name for k, name in entry.askers.items() if k != key}
+            if askers:
+                entry.set_askers(askers)
+            else:
+                self._remove(entry, "withdrawn", remember=False)
+        return touched
+
     def pending(self) -> list[Question]:
         """The pending questions in the order they will be answered (copies)."""
+        self._expire()
         return [dataclasses.replace(self._pending[i].question) for i in self._order()]
 
     def _order(self) -> list[int]:
         return self._pins + [i for i, e in self._pending.items() if not e.question.pinned]
 
-    def _remove(self, entry: _Entry, outcome: str) -> None:
+    def _expire(self) -> int:
+        """Drop the unpinned questions past max_wait_s; how many are pending."""
+        horizon = self._clock() - self.rules.max_wait_s
+        for entry in list(self._pending.values()):
+            if entry.queued_at < horizon and not entry.question.pinned:
+                self._remove(entry, "expired", remember=False)
+        return len(self._pending)
+
+    def _remove(self, entry: _Entry, outcome: str, remember: bool = True) -> None:
+        """`remember`: asking it again within repeat_window_s is refused as `repeated`."""
         question_id = entry.question.id
         del self._pending[question_id]
         if entry.question.pinned:
             self._pins.remove(question_id)
-        self._recent.append((self._clock(), entry, outcome))
+        self.removed[outcome] += 1
+        log.info("question %d %s: %s", question_id, outcome, entry.question.attribution())
+        if remember:
+            self._recent.append((self._clock(), entry, outcome))
 
 
 def _refused(reason: str, message: str, question_id: int | None = None) -> Verdict:

@@ -150,6 +150,7 @@ def test_limits_blocklist_and_repeats() -> None:
         return queue.offer(_message(viewer, text, clock.now, viewer_id)).reason
 
     assert reason("Ada", " \x02\u200b\x03 ") == "empty"
+    assert reason("Ada", "?!? \U0001f600") == "empty"
     assert reason("\u200b", "a question") == "no_viewer"
     assert reason("Ada", "x" * 41) == "too_long"
     assert reason("Ada", "\u200b" * 500 + "x" * 40) == "accepted"  # the limit is after cleaning
@@ -274,8 +275,9 @@ def test_messages_pin_skip_and_bad_bodies_over_http() -> None:
             status, error = await post(body)
             assert (status, error["error"]) == (400, "bad_request"), body
             assert '"viewer"' in error["message"]
-        response = await client.post("/chat/messages", headers=AUTH, data=b"{not json")
-        assert response.status == 400
+        for raw in (b"{not json", b"\xff\xfe", b"[" * 5000):
+            response = await client.post("/chat/messages", headers=AUTH, data=raw)
+            assert response.status == 400, raw[:10]
         big = {"viewer": "Ada", "text": "y" * MAX_BODY_BYTES}
         status, error = await post(big)
         assert (status, error["error"]) == (413, "body_too_large")
@@ -317,6 +319,7 @@ def test_the_websocket_takes_the_same_actions() -> None:
             second = await ask({"action": "message", "viewer": "Bo", "text": "second one here?"})
             assert second["accepted"] and "ref" not in second
             assert (await ask("{nope"))["error"] == "bad_request"  # still connected after
+            assert (await ask("[" * 5000))["error"] == "bad_request"
             assert (await ask({"action": "explode"}))["error"] == "bad_request"
             assert (await ask({"action": "pin", "id": "2"}))["error"] == "bad_request"
             assert (await ask({"action": "message", "viewer": "Cy"}))["error"] == "bad_request"

@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 REASONS: dict[str, str] = {
     "accepted": "queued as a new question",
     "merged": "the same question was pending: the viewer was added to it",
-    "empty": "nothing left to ask once formatting and control characters are removed",
+    "empty": "no words left once formatting, control characters and punctuation are removed",
     "no_viewer": "the message names no viewer",
     "too_long": "the question is longer than the limit",
     "blocked": "the viewer or a word of the question is on the blocklist",
@@ -138,6 +138,8 @@ class ChatQueue:
             )
         key = message.viewer_key
         folded = chat_text.fold(text)
+        if not folded:  # "???", an emoji: nothing the anchor could answer
+            return _refused("empty", "the question has no words: ask in words")
         if key in self._blocked_viewers or any(
             chat_text.contains_phrase(folded, phrase) for phrase in self._blocked_words
         ):

@@ -119,7 +119,13 @@ class _ChatInput:
         return self.queue.offer(ChatMessage(viewer, text, source, time.monotonic()))
 
     def act(self, action: str, question_id: int) -> bool:
-        return getattr(self.queue, action)(question_id)
+        """skip, pin or unpin a pending question; False when it is not pending."""
+        operator_actions = {
+            "skip": self.queue.skip,
+            "pin": self.queue.pin,
+            "unpin": self.queue.unpin,
+        }
+        return operator_actions[action](question_id)
 
 
 async def _read_json(request: web.Request) -> Any:
@@ -133,7 +139,7 @@ async def _read_json(request: web.Request) -> Any:
             raise _BodyError(_error("body_too_large", f"send at most {MAX_BODY_BYTES} bytes"))
     try:
         return json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # RecursionError: "[[[[..." nested past the stack
         raise _BodyError(_error("bad_request", f"the body is not JSON: {_MESSAGE_SHAPE}")) from None
 
 
@@ -226,7 +232,7 @@ def _ws_answer(chat: _ChatInput, data: str) -> dict[str, Any]:
     shape = f'expected {{"action": one of {list(_ACTIONS)}, ...}}'
     try:
         message = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):
         return _ws_error(None, f"not JSON: {shape}")
     if not isinstance(message, dict) or message.get("action") not in _ACTIONS:
         return _ws_error(None, shape)

@@ -74,6 +74,8 @@ def test_lines_sent_cannot_inject_and_fit_the_limit() -> None:
     for url in ("http://x/#a", "irc://host"):
         with pytest.raises(ValueError, match="irc://"):
             IrcSettings.from_url(url, nick="b")
+    with pytest.raises(ValueError, match="AVATAR_IRC_PASSWORD"):
+        IrcSettings.from_url("ircs://bot:oauth:secret@irc.chat.twitch.tv/c", nick="bot")
     with pytest.raises(ValueError, match="channel"):
         IrcSettings("h", "#bad channel", "bot")
     with pytest.raises(ValueError, match="nick"):

@@ -187,6 +187,8 @@ class IrcSettings:
         parts = urlsplit(url)
         if parts.scheme not in ("irc", "ircs") or not parts.hostname:
             raise ValueError(f"{url!r}: expected irc://host[:port]/channel or ircs://...")
+        if parts.password is not None:  # a URL is a flag: `ps` shows it to every user
+            raise ValueError(f"the IRC URL holds a password: put it in ${PASSWORD_ENV} instead")
         channel = parts.path.strip("/") or parts.fragment
         if not channel:
             raise ValueError(f"{url!r} names no channel: irc://host/channel")

@@ -18,6 +18,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from broadcast.chat.adapters import ChatAdapter
 from broadcast.chat.irc import (
@@ -56,6 +58,15 @@ def test_twitch_lines_parse_with_their_tags() -> None:
     assert parse_line(":n!u@h PRIVMSG #c ::-) hi").params[1] == ":-) hi"
     with pytest.raises(ValueError):
         parse_line("@tags-only")
+
+
+@given(st.text(max_size=300))
+def test_any_line_parses_or_is_refused_as_a_value_error(raw: str) -> None:
+    try:
+        line = parse_line(raw)
+    except ValueError:
+        return
+    assert line.command and all(isinstance(p, str) for p in line.params)
 
 
 def test_lines_sent_cannot_inject_and_fit_the_limit() -> None:

@@ -11,6 +11,8 @@ $AVATAR_IRC_PASSWORD, or in the file $AVATAR_IRC_PASSWORD_FILE names (never a fl
 shows argv), as `oauth:<token>` (the prefix is added for *.twitch.tv when missing). Read-only
 without a token: nick `justinfan` + digits and no password. `ircs://` is TLS with the
 system's certificate check (`ssl_context` for another); Twitch's TLS port is 6697.
+In a busy room set `command` (e.g. "!ask"): otherwise every line of chatter ("lol", "hi")
+is offered to the queue as a question.
 
 The client asks for IRCv3 message tags and Twitch's commands (`CAP REQ :twitch.tv/tags`,
 `CAP REQ :twitch.tv/commands`; a server without them answers NAK and nothing changes) and

@@ -10,16 +10,21 @@ so each one's effect is measured against the row before it on the same conversat
     python -m perf says --split dev                      # settings are chosen here
     python -m perf says --split test --variants served   # the report's figures
     python -m perf says --split test --endpoint http://127.0.0.1:8080/v1 [--model NAME]
+    python -m perf says --split test --llama-cpp [GGUF]  # starts llama.cpp's server on it
 
 `--endpoint`: the same benchmarks against an OpenAI-compatible server (the operator's own
-LLM; the decoder-side variants do not apply there). Also printed: replies over the
-sentence budget and the time to the first sentence (the turn's first audio, less TTS).
+LLM; the decoder-side variants, which bias the packaged decoder's logits, do not apply
+there: the prompt-side ones do). `--llama-cpp`: llama.cpp's OpenAI-compatible server
+started here on a GGUF (default: the packaged SmolLM2's Q4_1 file) for the run. Also
+printed: replies over the sentence budget and the time to the first sentence (the turn's
+first audio, less TTS).
 Results: build/perf/says/says.{json,md}.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -56,6 +61,13 @@ def _persona(config: LocalConfig, persona: Persona) -> LocalConfig:
     return dataclasses.replace(config, llm=llm)
 
 
+def _prompt(config: LocalConfig, persona: Persona) -> LocalConfig:
+    """The persona's rendered system prompt alone (name said twice, how to answer when
+    asked it), without its opening exchange."""
+    llm = dataclasses.replace(config.llm, persona=persona.system_prompt(), introduction=())
+    return dataclasses.replace(config, llm=llm)
+
+
 def _copy(config: LocalConfig, persona: Persona) -> LocalConfig:
     grounding = dataclasses.replace(config.llm.grounding, bonus=COPY_BONUS)
     return dataclasses.replace(config, llm=dataclasses.replace(config.llm, grounding=grounding))
@@ -76,6 +88,7 @@ VARIANTS: dict[str, Variant] = {
     "served": lambda config, persona: config,
     "copy": _copy,
     "recall": _recall,
+    "prompt": _prompt,
     "persona": _persona,
 }
 
@@ -245,19 +258,52 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", type=int, default=2, help="sampling seeds per conversation")
     parser.add_argument("--endpoint", default="", help="an OpenAI-compatible base URL")
     parser.add_argument("--model", default="", help="the endpoint's `model` field")
+    parser.add_argument(
+        "--llama-cpp",
+        nargs="?",
+        const="packaged",
+        default=None,
+        metavar="GGUF",
+        help="start llama.cpp's server on GGUF (default: the packaged SmolLM2) and use it",
+    )
     parser.add_argument("--out", type=Path, default=OUT)
     parser.set_defaults(func=command)
 
 
 def command(args: argparse.Namespace) -> int:
-    results = run_benchmarks(
-        args.split,
-        tuple(args.benchmarks),
-        tuple(args.variants),
-        args.seeds,
-        endpoint=args.endpoint,
-        model=args.model,
-    )
+    with contextlib.ExitStack() as stack:
+        endpoint = args.endpoint
+        if args.llama_cpp:
+            endpoint = stack.enter_context(_llama_cpp(args.llama_cpp))
+        results = run_benchmarks(
+            args.split,
+            tuple(args.benchmarks),
+            tuple(args.variants),
+            args.seeds,
+            endpoint=endpoint,
+            model=args.model,
+        )
     save_results(args.out, "says", results, format_table(results))
     print(format_table(results))
     return 0
+
+
+@contextlib.contextmanager
+def _llama_cpp(gguf: str) -> Iterator[str]:
+    """llama.cpp's server on `gguf` ("packaged": the packaged SmolLM2) while the block runs."""
+    import tempfile
+
+    from export.llm.convert import packaged_smollm2
+    from serving.local_services import LlamaServer
+
+    if gguf == "packaged":
+        checkpoint = packaged_smollm2()
+        gguf = str(checkpoint.folder / str(checkpoint.gguf_file))
+    if not LlamaServer.installed():
+        raise SystemExit("llama-cpp-python[server] is not installed: scripts/setup.sh --tests")
+    with tempfile.TemporaryDirectory(prefix="says-llama-") as workdir:
+        server = LlamaServer(Path(gguf)).start(Path(workdir))
+        try:
+            yield server.url
+        finally:
+            server.stop()

@@ -6,7 +6,6 @@ the turn's stages built in-process from the same graphs and settings
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -68,7 +67,8 @@ def local_config(**engine: Any) -> LocalConfig:
     from avatar.asr.greedy import DecodeOptions
     from avatar.asr.transcribe import AsrOptions
     from avatar.llm.engine import EngineConfig
-    from avatar.llm.sampling import SamplingParams
+    from avatar.llm.settings import engine_config, llm_settings
+    from avatar.model_parameters import ModelParameters
     from avatar.pipeline.local import LocalConfig
 
     asr, llm, avatar = (served_parameters(name) for name in ("asr", "llm", "avatar"))
@@ -82,12 +82,10 @@ def local_config(**engine: Any) -> LocalConfig:
         window_step=int(asr["window_step"]) or None,
         window_margin=int(asr["window_margin"]),
     )
-    sampling = json.loads(llm["sampling"])
-    sampling.update(max_tokens=int(avatar["max_tokens"]))
-    config = EngineConfig(
-        persona=llm["persona"],
-        context_tokens=int(llm["context_tokens"]),
-        first_clause_words=int(llm["first_clause_words"]),
-        sampling=SamplingParams.from_json(sampling),
-    )
-    return LocalConfig(asr=options, llm=dataclasses.replace(config, **engine))
+    # the llm's settings as its model reads them (from the config alone: no environment)
+    values = {key: {"string_value": value} for key, value in llm.items()}
+    params = ModelParameters({"name": "llm", "parameters": values})
+    config = engine_config(params, llm_settings(params, EngineConfig.persona, env={}))
+    sampling = dataclasses.replace(config.sampling, max_tokens=int(avatar["max_tokens"]))
+    config = dataclasses.replace(config, sampling=sampling, **engine)
+    return LocalConfig(asr=options, llm=config)

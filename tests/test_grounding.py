@@ -12,10 +12,17 @@ import pytest
 
 from avatar.llm.backend import Reply, ReplyBackend
 from avatar.llm.engine import ChatEngine, EngineConfig
-from avatar.llm.grounding import CopyBias, GroundingConfig, first_person, second_person
+from avatar.llm.grounding import (
+    CopyBias,
+    GroundingConfig,
+    first_person,
+    persona_statements,
+    recalled,
+    second_person,
+)
 from avatar.llm.persona import DEFAULT
 from avatar.llm.sampling import Sampler, SamplingParams
-from avatar.llm.template import Message
+from avatar.llm.template import Message, grounded
 from evals.grounding import persona_set, states, user_facts
 
 
@@ -112,3 +119,39 @@ def test_the_benchmark_sets_have_both_splits_and_judge_words():
         assert len(user_facts(split)) >= 12
     assert states("You are allergic to peanuts.", ["peanut"])
     assert not states("Maybe later.", ["may"]) and not states("1200 euros", ["120"])
+
+
+def test_a_question_about_someone_reads_what_is_known_about_them():
+    config = GroundingConfig(recall=2, recall_persona=True)
+    persona = "You are Mia, the receptionist. Answer in one to three short spoken sentences."
+    assert persona_statements(persona) == "I am Mia, the receptionist."
+    talk = [
+        Message("system", persona),
+        Message("user", "My code is 4417."),
+        Message("assistant", "Noted."),
+        Message("user", "I'm from Lisbon."),
+        Message("assistant", "Lovely."),
+    ]
+    ask = [*talk, Message("user", "What is my code?")]
+    assert recalled(ask, config) == "Your code is 4417. You're from Lisbon."
+    assert recalled([*talk, Message("user", "What is your name?")], config) == (
+        "I am Mia, the receptionist."
+    )
+    assert recalled([*talk, Message("user", "Where is the spa?")], config) == ""
+    assert recalled(ask, GroundingConfig()) == ""
+
+
+def test_the_engine_reads_the_users_words_beside_the_question_and_remembers_the_question():
+    backend = _Recorder()
+    engine = ChatEngine(backend, None, EngineConfig(grounding=GroundingConfig(recall=4)))
+    engine.sessions.save("s", [Message("user", "My code is 4417."), Message("assistant", "OK.")])
+    request = engine.parse(json.dumps([{"role": "user", "content": "What is my code?"}]), "s")
+    assert request.messages[-1].content == grounded("What is my code?", "Your code is 4417.")
+    assert request.remembered[-1] == Message("user", "What is my code?")
+
+
+def test_the_grounding_parameter_is_checked():
+    assert GroundingConfig.from_json('{"bonus": 1.5, "recall": 4}').recall == 4
+    for bad in ('{"bonus": -1}', '{"boost": 1}', "[1]", '{"min_span": 0}'):
+        with pytest.raises(ValueError, match="grounding"):
+            GroundingConfig.from_json(bad)

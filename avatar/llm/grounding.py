@@ -17,6 +17,7 @@ spans it would say itself. The model still chooses every token; nothing is canne
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from collections import defaultdict
 from collections.abc import Sequence
@@ -105,6 +106,21 @@ class GroundingConfig:
     @property
     def copies(self) -> bool:
         return self.bonus > 0
+
+    @classmethod
+    def from_json(cls, text: str) -> GroundingConfig:
+        """The `llm` model's `grounding` parameter (a JSON object of these fields);
+        ValueError naming what is wrong."""
+        data = json.loads(text or "{}")
+        fields = {f.name: f.type for f in dataclasses.fields(cls)}
+        if not isinstance(data, dict) or set(data) - set(fields):
+            raise ValueError(f"grounding must be a JSON object of {sorted(fields)}, got {text!r}")
+        config = cls(**data)
+        if config.bonus < 0 or config.recall < 0 or not 1 <= config.min_span <= config.max_span:
+            raise ValueError(
+                f"grounding {text!r}: bonus and recall must be >= 0, 1 <= min_span <= max_span"
+            )
+        return config
 
 
 # the question is about the user (they speak of themselves) / about the avatar

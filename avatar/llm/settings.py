@@ -20,8 +20,11 @@ from collections.abc import Mapping
 
 from avatar.credentials import read_secret
 from avatar.llm.backend import BACKENDS
+from avatar.llm.engine import EngineConfig
+from avatar.llm.grounding import GroundingConfig
 from avatar.llm.openai_api import Endpoint
 from avatar.llm.persona import PERSONA_FILE_ENV, load_persona
+from avatar.llm.sampling import SamplingParams
 from avatar.llm.template import Message
 from avatar.model_parameters import ModelParameters
 
@@ -49,6 +52,21 @@ class LlmSettings:
         if self.backend == "tensorrt_llm":
             return f"TensorRT-LLM model {self.tensorrt_llm_model!r}"
         return "the packaged decoder"
+
+
+def engine_config(params: ModelParameters, settings: LlmSettings) -> EngineConfig:
+    """The chat engine's settings from the `llm` model's parameters: the served model and
+    the in-process stages (serving.served.local_config) read them here alike."""
+    return EngineConfig(
+        persona=settings.persona,
+        introduction=settings.introduction,
+        context_tokens=params.int("context_tokens", EngineConfig.context_tokens),
+        max_batch=params.int("max_batch", EngineConfig.max_batch),
+        sessions=params.int("sessions", EngineConfig.sessions),
+        first_clause_words=params.int("first_clause_words", 0),
+        sampling=SamplingParams.from_json(json.loads(params.str("sampling", "{}"))),
+        grounding=GroundingConfig.from_json(params.str("grounding", "{}")),
+    )
 
 
 def llm_settings(

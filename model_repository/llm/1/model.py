@@ -33,10 +33,9 @@ from avatar.llm.backend import DecoderBackend, ReplyBackend
 from avatar.llm.conversation import SESSION_TTL_S, STORE_URL_ENV, MemoryStore, open_store
 from avatar.llm.engine import ChatEngine, EngineConfig
 from avatar.llm.openai_api import EndpointError, OpenAIBackend, list_models
-from avatar.llm.sampling import SamplingParams
 from avatar.llm.scheduler import Event
 from avatar.llm.sequences import SequenceDecoder, Step
-from avatar.llm.settings import LlmSettings, llm_settings
+from avatar.llm.settings import LlmSettings, engine_config, llm_settings
 from avatar.llm.tokenizer import Tokenizer
 from avatar.llm.trtllm import TensorRtLlmBackend
 from avatar.model_io import LLM
@@ -113,15 +112,7 @@ class TritonPythonModel:
         enable_crash_reports("llm")
         params = ModelParameters(json.loads(args["model_config"]))
         settings = llm_settings(params, EngineConfig.persona)
-        config = EngineConfig(
-            persona=settings.persona,
-            introduction=settings.introduction,
-            context_tokens=params.int("context_tokens", EngineConfig.context_tokens),
-            max_batch=params.int("max_batch", EngineConfig.max_batch),
-            sessions=params.int("sessions", EngineConfig.sessions),
-            first_clause_words=params.int("first_clause_words", 0),
-            sampling=SamplingParams.from_json(json.loads(params.str("sampling", "{}"))),
-        )
+        config = engine_config(params, settings)
         self.decoder: TritonSequenceDecoder | None = None
         store_url = params.str("session_store", "") or os.environ.get(STORE_URL_ENV, "")
         store = open_store(store_url, config.sessions, params.float("session_ttl_s", SESSION_TTL_S))

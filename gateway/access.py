@@ -182,6 +182,16 @@ class Admission:
     how: str  # "key", "token" or "open", for the log
 
 
+def bearer_matches(authorization: str, key: str) -> bool:
+    """`Authorization: Bearer <key>` holds `key`, compared in constant time."""
+    scheme, _, value = authorization.partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    # surrogateescape: aiohttp's text of a header's non-UTF-8 bytes
+    presented = value.strip().encode("utf-8", "surrogateescape")
+    return hmac.compare_digest(presented, key.encode())
+
+
 class Access:
     """The gateway's access checks on an HTTP request's headers."""
 
@@ -193,12 +203,7 @@ class Access:
         return self._key is not None
 
     def _key_matches(self, authorization: str) -> bool:
-        scheme, _, value = authorization.partition(" ")
-        if self._key is None or scheme.lower() != "bearer":
-            return False
-        # surrogateescape: aiohttp's text of a header's non-UTF-8 bytes
-        presented = value.strip().encode("utf-8", "surrogateescape")
-        return hmac.compare_digest(presented, self._key.encode())
+        return self._key is not None and bearer_matches(authorization, self._key)
 
     def check_origin(self, headers: Mapping[str, str]) -> str:
         """The request's Origin when it is allowed; RefusalError otherwise (none included)."""

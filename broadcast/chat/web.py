@@ -23,7 +23,6 @@ origin (a site the operator visits cannot post into the show). Bodies are read u
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
 import json
 import logging
@@ -36,7 +35,7 @@ from aiohttp import WSMsgType, web
 from avatar.credentials import GATEWAY_KEY_ENV, read_secret
 from broadcast.chat.messages import ChatMessage
 from broadcast.chat.queue import ChatQueue, Verdict
-from gateway.access import Hosts, Origins
+from gateway.access import Hosts, Origins, bearer_matches
 
 log = logging.getLogger(__name__)
 
@@ -95,9 +94,7 @@ class _ChatInput:
     def refusal(self, request: web.Request) -> web.Response | None:
         """None when the caller may use the chat input; else the refusal to answer."""
         if self._key is not None:
-            scheme, _, value = request.headers.get("Authorization", "").partition(" ")
-            presented = value.strip().encode("utf-8", "surrogateescape")
-            if scheme.lower() == "bearer" and hmac.compare_digest(presented, self._key.encode()):
+            if bearer_matches(request.headers.get("Authorization", ""), self._key):
                 return None
             return _error("unauthorized", "send the operator key: Authorization: Bearer <key>")
         host, origin = request.headers.get("Host"), request.headers.get("Origin")

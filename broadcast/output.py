@@ -169,37 +169,52 @@ class AVOutput:
 
     def _open(self) -> None:
         """Encoders and the main container, starting at the current tick."""
-        fmt = self.format
+        self._container = None
         try:
-            self._container = av.open(
-                self.url, "w", format=self._muxer, timeout=self._open_timeout_s
-            )
-            video = self._container.add_stream(
-                "libx264",
-                rate=fmt.fps,
-                options={
-                    "preset": fmt.preset,
-                    "tune": fmt.tune,
-                    "g": str(fmt.keyframe_interval),
-                    "keyint_min": str(fmt.keyframe_interval),
-                    "sc_threshold": "0",  # keyframes only on the interval: even segments
-                    "maxrate": str(fmt.video_bitrate),
-                    "bufsize": str(fmt.video_bitrate),  # one second of VBV: steady bitrate
-                },
-            )
-            video.width, video.height, video.pix_fmt = fmt.width, fmt.height, "yuv420p"
-            video.bit_rate = fmt.video_bitrate
-            video.time_base = Fraction(1, fmt.fps)
-            audio = self._container.add_stream("aac", rate=fmt.sample_rate, layout="mono")
-            audio.bit_rate = fmt.audio_bitrate
-            audio.time_base = Fraction(1, fmt.sample_rate)
-            # Writes the header now: a refused connection or publish fails here, not later.
-            self._container.start_encoding()
+            container = av.open(self.url, "w", format=self._muxer, timeout=self._open_timeout_s)
+        except av.ProtocolNotFoundError as error:
+            raise OutputError(
+                self.url,
+                f"this FFmpeg build cannot open it ({error}); PyAV's wheel has no SRT: push "
+                "rtmp://, or MPEG-TS to udp:// and relay it (srt-live-transmit)",
+            ) from error
         except (av.FFmpegError, OSError) as error:
             raise OutputError(self.url, f"could not open ({error})") from error
-        self._video, self._audio = video, audio
+        try:
+            video, audio = self._add_encoders(container)
+            # Writes the header now: a refused connection or publish fails here, not later.
+            container.start_encoding()
+        except (av.FFmpegError, OSError) as error:
+            container.close()
+            raise OutputError(self.url, f"could not start the stream ({error})") from error
+        self._container, self._video, self._audio = container, video, audio
         self._first_sample = self.clock.first_sample(self._tick)
         self._fifo = av.AudioFifo()
+
+    def _add_encoders(
+        self, container: av.container.OutputContainer
+    ) -> tuple[av.VideoStream, av.AudioStream]:
+        fmt = self.format
+        video = container.add_stream(
+            "libx264",
+            rate=fmt.fps,
+            options={
+                "preset": fmt.preset,
+                "tune": fmt.tune,
+                "g": str(fmt.keyframe_interval),
+                "keyint_min": str(fmt.keyframe_interval),
+                "sc_threshold": "0",  # keyframes only on the interval: even segments
+                "maxrate": str(fmt.video_bitrate),
+                "bufsize": str(fmt.video_bitrate),  # one second of VBV: steady bitrate
+            },
+        )
+        video.width, video.height, video.pix_fmt = fmt.width, fmt.height, "yuv420p"
+        video.bit_rate = fmt.video_bitrate
+        video.time_base = Fraction(1, fmt.fps)
+        audio = container.add_stream("aac", rate=fmt.sample_rate, layout="mono")
+        audio.bit_rate = fmt.audio_bitrate
+        audio.time_base = Fraction(1, fmt.sample_rate)
+        return video, audio
 
     def _open_preview(self, folder: Path) -> av.container.OutputContainer:
         """HLS of the same packets: remuxed from the main encoders, not encoded twice."""
@@ -246,13 +261,15 @@ class AVOutput:
         picture.pts, picture.time_base = tick, Fraction(1, fmt.fps)
         sound = av.AudioFrame.from_ndarray(audio.reshape(1, -1), format="fltp", layout="mono")
         sound.sample_rate = fmt.sample_rate
-        sound.pts, sound.time_base = self.clock.first_sample(tick), Fraction(1, fmt.sample_rate)
+        # AudioFifo counts pts from 0: feed it pts since this connection began, add it back.
+        sound.pts = self.clock.first_sample(tick) - self._first_sample
+        sound.time_base = Fraction(1, fmt.sample_rate)
         try:
             packets = self._video.encode(picture)
             video_out = time.monotonic()
             self._fifo.write(sound)
             while self._fifo.samples >= AAC_FRAME:
-                packets += self._audio.encode(self._fifo.read(AAC_FRAME))
+                packets += self._audio.encode(self._from_fifo(AAC_FRAME))
         except (av.FFmpegError, OSError) as error:
             raise OutputError(self.url, f"encoding tick {tick} failed ({error})") from error
         audio_out = time.monotonic()
@@ -262,6 +279,11 @@ class AVOutput:
             self._encode_ms.append((audio_out - started) * 1000)
             self._frames += 1
         self._tick += 1
+
+    def _from_fifo(self, samples: int | None) -> av.AudioFrame:
+        chunk = self._fifo.read(samples or 0)
+        chunk.pts += self._first_sample
+        return chunk
 
     def check(self, frame: np.ndarray, audio: np.ndarray) -> None:
         """Raise ValueError unless (frame, audio) is one tick of this format."""
@@ -358,11 +380,13 @@ class AVOutput:
     # Closing ------------------------------------------------------------------------------
 
     def _close_main(self, flush: bool) -> None:
+        if self._container is None:  # a reconnect that failed left none open
+            return
         try:
             if flush:
                 packets = self._video.encode(None)
                 if self._fifo.samples:
-                    packets += self._audio.encode(self._fifo.read())  # a short last frame
+                    packets += self._audio.encode(self._from_fifo(None))  # a short last one
                 packets += self._audio.encode(None)
                 now = time.monotonic()
                 self._mux(packets, now, now)
@@ -371,6 +395,7 @@ class AVOutput:
                 self._container.close()
             except (av.FFmpegError, OSError) as error:
                 log.warning("closing %s: %s", redact(self.url), error)
+            self._container = None
 
     def close(self) -> None:
         """Flush the encoders, finish the stream and the preview."""
@@ -500,6 +525,10 @@ class PacedOutput:
                 self._dropped += resumed - tick
                 tick = resumed
                 continue
+            except Exception as error:  # a bug: stop the stream and say why, never hang
+                log.exception("the broadcast output failed at tick %d", tick)
+                self._fail(OutputError(self.output.url, f"{type(error).__name__}: {error}"))
+                return
             tick += 1
 
     def _recover(self, error: OutputError) -> int | None:
@@ -507,16 +536,14 @@ class PacedOutput:
         None when giving up."""
         log.warning("%s; reconnecting", error)
         deadline = time.monotonic() + self._reconnect_timeout_s
-        while not self._stop.wait(self._retry_interval_s):
+        while not (self._stop.wait(self._retry_interval_s) or self._closing.is_set()):
             resume = self.clock.tick_at(time.monotonic() - self.clock.due(0)) + 1
             try:
                 self.output.reconnect(at_tick=resume)
             except OutputError as again:
                 if time.monotonic() > deadline:
-                    self.error = again
                     log.error("giving up on the broadcast output: %s", again)
-                    with self._space:
-                        self._space.notify_all()
+                    self._fail(again)
                     return None
                 continue
             # The show's queued ticks were meant for the moments that passed.
@@ -525,6 +552,11 @@ class PacedOutput:
                 self._space.notify_all()
             return resume
         return None
+
+    def _fail(self, error: OutputError) -> None:
+        self.error = error
+        with self._space:
+            self._space.notify_all()
 
     @property
     def stats(self) -> PacedStats:
@@ -552,4 +584,7 @@ class PacedOutput:
             self._thread.join(timeout_s)
         self._stop.set()
         self._thread.join(timeout_s)
-        self.output.close()
+        try:
+            self.output.close()
+        except OutputError as error:  # the stream was already broken: `error` says so
+            log.warning("closing the broadcast output: %s", error)

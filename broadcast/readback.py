@@ -6,6 +6,7 @@ its packet arrived, so a sender that logged when it wrote tick n (`AVOutput.time
 "posted -> heard" into the encoder's part and the server's and network's part.
 
     python -m broadcast.readback rtmp://127.0.0.1:1935/live/test --seconds 30
+    python -m broadcast.readback rtmp://127.0.0.1:1935/live/test --send --seconds 60
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import av
 import numpy as np
 
-from broadcast.output import redact
+from broadcast.output import AVOutput, OutputError, PacedOutput, StreamFormat, redact
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +52,7 @@ class ReadbackReport:
     frames: int
     media_s: float
     fps: float  # frames per second of media time
-    receive_fps: float  # frames per second of wall time
+    receive_fps: float  # frames per second of wall time (after the player's probe)
     max_frame_gap_intervals: float  # largest pts step / frame interval (1.0 is no gap)
     max_receive_gap_s: float  # largest wall time between two frames arriving
     longest_frozen_run: int  # most consecutive identical decoded frames (1: none repeated)
@@ -90,19 +92,14 @@ class Readback:
 
     def run(self, seconds: float | None = None) -> None:
         """Read until `seconds` of wall time pass, the stream ends, or `stop()`."""
-        options = {"analyzeduration": "1000000", "probesize": "1000000", "fpsprobesize": "0"}
-        if self.url.startswith("rtmp"):
-            options["rtmp_live"] = "live"
         try:
-            container = av.open(
-                self.url, "r", options=options, timeout=(self.open_timeout_s, self.idle_timeout_s)
-            )
+            container = self._open()
         except (av.FFmpegError, OSError) as error:
             self.error = error
-            self.opened.set()
             raise
+        finally:
+            self.opened.set()
         self.opened_at = time.monotonic()  # what arrived during the probe is stamped now
-        self.opened.set()
         deadline = None if seconds is None else time.monotonic() + seconds
         try:
             for packet in container.demux():
@@ -117,6 +114,26 @@ class Readback:
             self.error = error
             log.info("read-back of %s ended: %s", redact(self.url), error)
         finally:
+            container.close()
+
+    def _open(self) -> av.container.InputContainer:
+        """Open with both a video and an audio stream. A player that joins a live stream
+        between keyframes may finish probing before any video arrives (FFmpeg then drops the
+        stream found later): it joins again."""
+        options = {"analyzeduration": "1000000", "probesize": "4000000", "fpsprobesize": "0"}
+        if self.url.startswith("rtmp"):
+            options["rtmp_live"] = "live"
+            # Long enough to span a keyframe interval: nginx sends a late joiner no video
+            # before one. It stops early once both streams are there.
+            options["analyzeduration"] = "3000000"
+        deadline = time.monotonic() + self.open_timeout_s
+        while True:
+            timeout = (max(0.5, deadline - time.monotonic()), self.idle_timeout_s)
+            container = av.open(self.url, "r", options=options, timeout=timeout)
+            found = {stream.type for stream in container.streams}
+            if {"video", "audio"} <= found or time.monotonic() > deadline:
+                return container
+            log.info("%s has only %s so far: joining again", redact(self.url), sorted(found))
             container.close()
 
     def _decode(self, packet: av.Packet, received: float) -> None:
@@ -194,7 +211,8 @@ class Readback:
 
     def report(self) -> ReadbackReport:
         pts = np.array([f.pts_s for f in self.frames])
-        wall = np.array([f.received for f in self.frames])
+        # Arrival times of what came after the probe (what it held all arrive at its end).
+        wall = np.array([f.received for f in self.frames if f.received > (self.opened_at or 0)])
         interval = 1.0 / self.fps_hint
         steps = np.diff(pts) if len(pts) > 1 else np.zeros(0)
         media_s = float(pts[-1] - pts[0]) if len(pts) > 1 else 0.0
@@ -279,7 +297,10 @@ class SignalCard:
         """HxWx3 uint8 RGB: a scrolling textured background, the bits, the tone block."""
         texture = _card_texture(self.height, self.width)
         shift = (tick * 3) % self.width
-        picture = np.roll(texture, -shift, axis=1).copy()
+        return self.stamp(np.roll(texture, -shift, axis=1), tick)
+
+    def stamp(self, picture: np.ndarray, tick: int) -> np.ndarray:
+        """Draw `tick`'s bits and tone block into `picture` (in place); return it."""
         for bit in range(CARD_BITS):
             left = bit * _BIT_PITCH + (_BIT_PITCH - _BIT_SIZE) // 2
             value = 255 if tick >> bit & 1 else 0
@@ -327,23 +348,78 @@ def card_tick(probe: float) -> int:
     return int(probe) % CARD_TONE
 
 
+def send_card(
+    url: str, seconds: float, fmt: StreamFormat, preview_dir: Path | None = None
+) -> dict[str, object]:
+    """Push the signal card to `url` in real time; the sender's figures, CPU included."""
+    card = SignalCard(width=fmt.width, height=fmt.height, fps=fmt.fps, sample_rate=fmt.sample_rate)
+    paced = PacedOutput(AVOutput(url, fmt, preview_dir=preview_dir))
+    ticks = round(seconds * fmt.fps)
+    # A second of backgrounds drawn once, stamped per tick: the CPU measured is the encoder's.
+    backgrounds = [card.frame(tick) for tick in range(fmt.fps)]
+    cpu, wall = time.process_time(), time.monotonic()
+    for tick in range(ticks):
+        picture = card.stamp(backgrounds[tick % fmt.fps].copy(), tick)
+        paced.put(picture, card.audio(tick), timeout=10)
+        if tick == paced.clock.fps // 5:  # a fifth of a second rendered ahead
+            paced.start()
+    paced.close()
+    if paced.error is not None:
+        raise paced.error
+    elapsed = time.monotonic() - wall
+    output = paced.output.stats
+    return {
+        "cpu_s_per_s": round((time.process_time() - cpu) / elapsed, 3),
+        "kbit_per_s": round(output.bytes * 8 / 1000 / elapsed, 1),
+        **{k: round(v, 2) if isinstance(v, float) else v for k, v in asdict(output).items()},
+        **{
+            f"paced_{k}": round(v, 2) if isinstance(v, float) else v
+            for k, v in asdict(paced.stats).items()
+        },
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m broadcast.readback", description="Measure a received broadcast."
+        prog="python -m broadcast.readback",
+        description="Measure a received broadcast, or (--send) push the signal card to a URL "
+        "and print the sender's figures (CPU, encode time, encoder buffering).",
     )
-    parser.add_argument("url", help="rtmp://HOST/APP/STREAM to play, or a recorded file")
-    parser.add_argument("--seconds", type=float, default=30.0, help="how long to read")
-    parser.add_argument("--fps", type=float, default=25.0, help="the stream's nominal fps")
+    parser.add_argument("url", help="rtmp://HOST/APP/STREAM to play (or push), or a file")
+    parser.add_argument("--seconds", type=float, default=30.0, help="how long to read or send")
+    parser.add_argument("--fps", type=int, default=25, help="the stream's frame rate")
+    parser.add_argument(
+        "--card",
+        action="store_true",
+        help="the stream is the signal card: "
+        "count frames whose drawn tick differs from their timestamp",
+    )
+    parser.add_argument("--send", action="store_true", help="push the signal card instead")
+    parser.add_argument("--size", type=int, default=512, help="--send: picture width = height")
+    parser.add_argument("--preset", default="veryfast", help="--send: x264 preset")
+    parser.add_argument("--preview", type=Path, help="--send: also write HLS to this folder")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    readback = Readback(args.url, fps_hint=args.fps)
-    try:
-        readback.run(args.seconds)
-    except (av.FFmpegError, OSError) as error:
-        parser.exit(1, f"could not read {args.url}: {error}\n")
-    report = readback.report()
-    print(json.dumps(asdict(report)) if args.json else "\n".join(report.lines()))
+    if args.send:
+        fmt = StreamFormat(fps=args.fps, width=args.size, height=args.size, preset=args.preset)
+        try:
+            figures = send_card(args.url, args.seconds, fmt, args.preview)
+        except OutputError as error:
+            parser.exit(1, f"{error}\n")
+    else:
+        readback = Readback(args.url, probe=card_probe if args.card else None, fps_hint=args.fps)
+        try:
+            readback.run(args.seconds)
+        except (av.FFmpegError, OSError) as error:
+            parser.exit(1, f"could not read {redact(args.url)}: {error}\n")
+        figures = asdict(readback.report())
+        if args.card:
+            figures["card_mismatches"] = sum(
+                card_tick(f.probe or 0) != round(f.pts_s * args.fps) for f in readback.frames
+            )
+    lines = [f"{name}: {value}" for name, value in figures.items()]
+    print(json.dumps(figures) if args.json else "\n".join(lines))
     return 0
 
 

@@ -4,11 +4,12 @@ user's facts from earlier in the conversation, the operator's documents (evals/g
 Every conversation runs through the in-process turn (`avatar.pipeline.local`: the served
 persona, sampling, reply budget, memory and retrieval, as `avatar serve` configures them);
 TTS is replaced by silence (it does not change the words). Each conversation is asked with
-`--seeds` sampling seeds. Rows are grounding variants (`--variants`), added one at a time,
-so each one's effect is measured against the row before it on the same conversations.
+`--seeds` sampling seeds. Rows (`--variants`) are the served settings and the steps that
+led to them (`before`: as the `llm` model was before grounding), measured side by side on
+the same conversations.
 
     python -m perf says --split dev                      # settings are chosen here
-    python -m perf says --split test --variants served   # the report's figures
+    python -m perf says --split test --variants before served   # the report's figures
     python -m perf says --split test --endpoint http://127.0.0.1:8080/v1 [--model NAME]
     python -m perf says --split test --llama-cpp [GGUF]  # starts llama.cpp's server on it
 
@@ -26,16 +27,20 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import statistics
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from avatar.llm.engine import DEFAULT_PERSONA
+from avatar.llm.grounding import GroundingConfig
 from avatar.llm.persona import DEFAULT, Persona
 from avatar.llm.stream import SentenceSplitter
 from avatar.pipeline import Speech, Stages, parse_turn, run_turn
@@ -43,6 +48,7 @@ from avatar.pipeline.local import LocalConfig
 from avatar.sentences import ends_sentence, spoken_text
 from evals.grounding import SPLITS, Conversation, documents, persona_set, states, user_facts
 from evals.report import DEFAULT_OUT, machine, save_results
+from serving.served import served_parameters
 
 log = logging.getLogger(__name__)
 
@@ -50,46 +56,49 @@ OUT = DEFAULT_OUT / "says"
 BENCHMARKS = ("name", "facts", "documents")
 
 
-Variant = Callable[[LocalConfig, Persona], LocalConfig]
+Variant = Callable[[LocalConfig], LocalConfig]
+# the `llm` model's persona before issue 44 (a persona file rendered as now, without the
+# opening exchange it then had: that exchange is gone, see docs/llm.md)
+ONE_LINE_PERSONA = (
+    "You are Mia, a warm and cheerful receptionist avatar. "
+    "Answer in one to three short spoken sentences."
+)
 
 
-def _persona(config: LocalConfig, persona: Persona) -> LocalConfig:
-    """The persona rendered as a persona file is (prompt and opening exchange)."""
-    llm = dataclasses.replace(
-        config.llm, persona=persona.system_prompt(), introduction=persona.introduction()
-    )
+def _grounding(config: LocalConfig, **fields: Any) -> LocalConfig:
+    llm = dataclasses.replace(config.llm, grounding=GroundingConfig(**fields))
     return dataclasses.replace(config, llm=llm)
 
 
-def _prompt(config: LocalConfig, persona: Persona) -> LocalConfig:
-    """The persona's rendered system prompt alone (name said twice, how to answer when
-    asked it), without its opening exchange."""
-    llm = dataclasses.replace(config.llm, persona=persona.system_prompt(), introduction=())
-    return dataclasses.replace(config, llm=llm)
+def _before(config: LocalConfig) -> LocalConfig:
+    """Without grounding; the default persona as the one-line text it was."""
+    if config.llm.persona == DEFAULT_PERSONA:
+        config = dataclasses.replace(
+            config, llm=dataclasses.replace(config.llm, persona=ONE_LINE_PERSONA)
+        )
+    return _grounding(config)
 
 
-def _copy(config: LocalConfig, persona: Persona) -> LocalConfig:
-    grounding = dataclasses.replace(config.llm.grounding, bonus=COPY_BONUS)
-    return dataclasses.replace(config, llm=dataclasses.replace(config.llm, grounding=grounding))
+def _plus_copy(config: LocalConfig) -> LocalConfig:
+    return _grounding(_before(config), bonus=SERVED.bonus)
 
 
-def _recall(config: LocalConfig, persona: Persona) -> LocalConfig:
-    grounding = dataclasses.replace(
-        config.llm.grounding, recall=RECALL_MESSAGES, recall_persona=True
-    )
-    return dataclasses.replace(config, llm=dataclasses.replace(config.llm, grounding=grounding))
+def _plus_recall(config: LocalConfig) -> LocalConfig:
+    return _grounding(_before(config), **dataclasses.asdict(SERVED))
 
 
-COPY_BONUS = 1.5
-RECALL_MESSAGES = 4
-# variant -> how it changes the served settings; each row adds to the ones before it. The
-# served default persona is plain text: only "persona" and later rows render it as a file.
+def _plus_persona(config: LocalConfig) -> LocalConfig:
+    return _grounding(config, recall=SERVED.recall, recall_persona=SERVED.recall_persona)
+
+
+SERVED = GroundingConfig.from_json(served_parameters("llm")["grounding"])
+# rows: the served settings and the steps to them, each measured on the same conversations
 VARIANTS: dict[str, Variant] = {
-    "served": lambda config, persona: config,
-    "copy": _copy,
-    "recall": _recall,
-    "prompt": _prompt,
-    "persona": _persona,
+    "before": _before,  # one-line persona, no grounding
+    "+copy": _plus_copy,  # the copy bias
+    "+recall": _plus_recall,  # + the user's words / the persona read beside the question
+    "served": lambda config: config,  # + the default persona rendered as a persona file
+    "served-no-copy": _plus_persona,  # the served settings without the copy bias
 }
 
 
@@ -132,6 +141,10 @@ def converse(stages: Stages, conversation: Conversation, session: str, seed: int
     }
 
 
+def _converse(stages: Stages, job: tuple[Conversation, str, int]) -> dict[str, Any]:
+    return converse(stages, *job)
+
+
 def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     first = [ms for r in rows for ms in r["first_sentence_ms"]]
     stated = sum(r["stated"] for r in rows)
@@ -156,6 +169,7 @@ def run_benchmarks(
     *,
     endpoint: str = "",
     model: str = "",
+    parallel: int = 1,
 ) -> dict[str, Any]:
     from avatar.llm.openai_api import Endpoint
     from avatar.pipeline.local import local_stages
@@ -179,30 +193,37 @@ def run_benchmarks(
         "split": split,
         "seeds": seeds,
         "engine": f"endpoint {endpoint}" if endpoint else "packaged SmolLM2-135M (in process)",
+        "parallel": parallel,
         "rows": {},
     }
-    for n, variant in enumerate(variants):
+    for variant in variants:
         row: dict[str, Any] = {}
         started = time.perf_counter()
         for benchmark in benchmarks:
             rows = []
             knowledge = venue if benchmark == "documents" else None
             for persona in dict.fromkeys(p for _, p in sets[benchmark]):
-                config = _configured(served, variants[: n + 1], persona, knowledge)
+                config = _configured(served, variant, persona, knowledge)
                 with local_stages(models, config) as served_stages:
                     stages = dataclasses.replace(served_stages, speak=_silence, feel=None)
-                    for i, (conversation, p) in enumerate(sets[benchmark]):
-                        if p != persona:
-                            continue
-                        for seed in range(seeds):
-                            session = f"{benchmark}-{i}-{seed}-{persona.name if persona else ''}"
-                            rows.append(converse(stages, conversation, session, seed))
+                    jobs = [
+                        (conversation, f"{benchmark}-{i}-{seed}-{p.name if p else ''}", seed)
+                        for i, (conversation, p) in enumerate(sets[benchmark])
+                        if p == persona
+                        for seed in range(seeds)
+                    ]
+                    # conversations side by side share the decoder's batches (faster; each
+                    # one's turns still run in order)
+                    with ThreadPoolExecutor(parallel) as pool:
+                        done = pool.map(functools.partial(_converse, stages), jobs)
+                        for (conversation, _, _), row in zip(jobs, done, strict=True):
+                            rows.append(row)
                             log.info(
                                 "%s %s %s -> %r",
                                 variant,
-                                "OK  " if rows[-1]["stated"] else "MISS",
+                                "OK  " if row["stated"] else "MISS",
                                 conversation.question,
-                                rows[-1]["replies"][-1][:120],
+                                row["replies"][-1][:120],
                             )
             row[benchmark] = _summary(rows) | {"conversations": rows}
         row["seconds"] = round(time.perf_counter() - started, 1)
@@ -211,24 +232,21 @@ def run_benchmarks(
 
 
 def _configured(
-    served: LocalConfig,
-    variants: tuple[str, ...],
-    persona: Persona | None,
-    knowledge: Path | None,
+    served: LocalConfig, variant: str, persona: Persona | None, knowledge: Path | None
 ) -> LocalConfig:
-    """The served settings with `variants` applied in order, for the persona file
-    `persona` (None: the served default persona) and the documents."""
+    """The served settings changed by `variant`, for the persona file `persona` (None: the
+    served default persona) and the documents."""
     config = dataclasses.replace(served, knowledge_dir=knowledge)
     if persona is not None:
-        config = _persona(config, persona)
-    for variant in variants:
-        config = VARIANTS[variant](config, persona or DEFAULT)
-    return config
+        llm = dataclasses.replace(config.llm, persona=persona.system_prompt())
+        config = dataclasses.replace(config, llm=llm)
+    return VARIANTS[variant](config)
 
 
 def format_table(results: dict[str, Any]) -> str:
     lines = [
-        f"split {results['split']}, {results['seeds']} seeds, {results['engine']}",
+        f"split {results['split']}, {results['seeds']} seeds, {results['engine']}, "
+        f"{results['parallel']} conversation(s) at a time",
         "",
         "| variant | own name and role | user's facts | documents' facts | over budget | "
         "first sentence ms p50 / p95 |",
@@ -256,6 +274,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--benchmarks", nargs="+", default=list(BENCHMARKS), choices=BENCHMARKS)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--seeds", type=int, default=2, help="sampling seeds per conversation")
+    parser.add_argument(
+        "--parallel",
+        type=int,
+        default=1,
+        help="conversations side by side (faster; the first-sentence times are then not "
+        "one session's)",
+    )
     parser.add_argument("--endpoint", default="", help="an OpenAI-compatible base URL")
     parser.add_argument("--model", default="", help="the endpoint's `model` field")
     parser.add_argument(
@@ -282,6 +307,7 @@ def command(args: argparse.Namespace) -> int:
             args.seeds,
             endpoint=endpoint,
             model=args.model,
+            parallel=args.parallel,
         )
     save_results(args.out, "says", results, format_table(results))
     print(format_table(results))

@@ -83,17 +83,12 @@ class _Recorder(ReplyBackend):
 
 def test_the_engine_gives_the_persona_the_users_words_and_the_passages():
     backend = _Recorder()
-    config = EngineConfig(
-        persona=DEFAULT.system_prompt(),
-        introduction=DEFAULT.introduction(),
-        grounding=GroundingConfig(bonus=1.0),
-    )
+    config = EngineConfig(persona=DEFAULT.system_prompt(), grounding=GroundingConfig(bonus=1.0))
     engine = ChatEngine(backend, None, config)
     engine.sessions.save(
         "s",
         [
             Message("system", DEFAULT.system_prompt()),
-            *DEFAULT.introduction(),
             Message("user", "My code is 4417."),
             Message("assistant", "Noted."),
         ],
@@ -102,7 +97,7 @@ def test_the_engine_gives_the_persona_the_users_words_and_the_passages():
     request = engine.parse(turn, "s", context="The spa opens at 9:30.")
     assert request.sources == (
         first_person(DEFAULT.system_prompt()),
-        "Your code is 4417.",  # the persona's example exchange is not the user's
+        "Your code is 4417.",
         "The spa opens at 9:30.",
     )
     engine.submit(request, lambda event: None)
@@ -134,6 +129,9 @@ def test_a_question_about_someone_reads_what_is_known_about_them():
     ]
     ask = [*talk, Message("user", "What is my code?")]
     assert recalled(ask, config) == "Your code is 4417. You're from Lisbon."
+    # what they asked is not what they said of themselves
+    asked = [*talk, Message("user", "Is breakfast included?"), Message("assistant", "Yes.")]
+    assert recalled([*asked, ask[-1]], config) == "Your code is 4417. You're from Lisbon."
     assert recalled([*talk, Message("user", "What is your name?")], config) == (
         "I am Mia, the receptionist."
     )

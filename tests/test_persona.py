@@ -1,6 +1,6 @@
 """The operator's persona (avatar/llm/persona.py): the file format, its rendering into
-the system prompt and the opening exchange, how the engine and `avatar serve` use it,
-and (slow) the share of replies that give the persona's name with the packaged model."""
+the system prompt, how the engine and `avatar serve` use it, and (slow) the share of
+replies that give the persona's name with the packaged model (python -m perf says)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from avatar.llm.backend import Reply, ReplyBackend
-from avatar.llm.engine import ChatEngine
+from avatar.llm.engine import ChatEngine, EngineConfig
 from avatar.llm.persona import Persona, PersonaError, load_persona
 from avatar.llm.scheduler import Event
 from avatar.llm.stream import Chunk
 from avatar.llm.template import Message
-from evals.persona import persona_config, says_name
+from evals.grounding import states
 
 TOML = """
 name = "Zora"
@@ -35,8 +35,6 @@ def test_a_toml_persona_renders_its_name_role_manner_and_facts(tmp_path: Path):
     assert prompt.startswith("You are Zora, the receptionist of the Harbour View Hotel.")
     assert "Your name is Zora." in prompt and "You are warm and cheerful." in prompt
     assert "You work at the front desk." in prompt and "My name is Zora." in prompt
-    user, assistant = persona.introduction()
-    assert user.role == "user" and assistant.content.startswith("I am Zora, the receptionist")
     # the same in JSON
     (tmp_path / "p.json").write_text(json.dumps({"name": "Zora", "facts": "One fact"}))
     assert load_persona(tmp_path / "p.json").facts == ("One fact",)
@@ -76,19 +74,17 @@ class Echo(ReplyBackend):
         reply.emit(Event([Chunk("Fine.", "Fine.")], "stop", {}))
 
 
-def test_the_introduction_opens_new_conversations_only():
+def test_a_callers_own_system_message_replaces_the_persona():
     backend = Echo()
     persona = Persona("Zora", "the receptionist")
-    engine = ChatEngine(backend, None, persona_config(persona))
+    engine = ChatEngine(backend, None, EngineConfig(persona=persona.system_prompt()))
     hello = json.dumps([{"role": "user", "content": "Hello"}])
     list(engine.chat(hello, "s1"))
     list(engine.chat(hello, "s1"))
     first, second = backend.sent
-    assert [m.role for m in first] == ["system", "user", "assistant", "user"]
-    assert first[0].content == persona.system_prompt() and "Zora" in first[2].content
-    # the second turn continues the remembered conversation: one introduction
-    assert [m.role for m in second] == ["system", "user", "assistant", "user", "assistant", "user"]
-    # a caller's own system message replaces persona and introduction
+    assert [m.role for m in first] == ["system", "user"]
+    assert first[0].content == persona.system_prompt()
+    assert [m.role for m in second] == ["system", "user", "assistant", "user"]
     own = json.dumps(
         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     )
@@ -96,8 +92,8 @@ def test_the_introduction_opens_new_conversations_only():
     assert [m.role for m in backend.sent[-1]] == ["system", "user"]
 
 
-def test_says_name_matches_the_word_only():
-    assert says_name("My name is zora.", "Zora") and not says_name("I am Zorana.", "Zora")
+def test_the_name_counts_as_a_word_only():
+    assert states("My name is zora.", ["Zora"]) and not states("I am Zorana.", ["Zora"])
 
 
 def test_serve_checks_the_persona_and_endpoint_before_starting(tmp_path: Path):
@@ -120,18 +116,9 @@ def test_serve_checks_the_persona_and_endpoint_before_starting(tmp_path: Path):
 
 
 @pytest.mark.slow
-def test_the_packaged_model_gives_the_persona_name():
-    """docs/llm.md's figure: `python -m evals.persona --folder ...`."""
-    from avatar.llm.decoder import OrtDecoder
-    from avatar.llm.tokenizer import Tokenizer
-    from evals.persona import name_share
-    from export.registry import ensure_all
+def test_the_packaged_model_gives_its_own_name():
+    """docs/llm.md's figure, its development split: `python -m perf says --benchmarks name`."""
+    from perf.says import run_benchmarks
 
-    folder = Path(ensure_all(["llm_decoder"])["llm_decoder"])
-    persona = Persona("Mia", "the receptionist of the Harbour View Hotel", "warm and cheerful")
-
-    def make(config):
-        return ChatEngine(OrtDecoder(folder / "model.onnx", 1), Tokenizer(folder), config)
-
-    result = name_share(make, persona_config(persona), "Mia", range(4))
-    assert result.share >= 0.5, result
+    result = run_benchmarks("dev", ("name",), ("served",), seeds=1)["rows"]["served"]["name"]
+    assert result["share"] >= 0.7, result["misses"]

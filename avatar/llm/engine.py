@@ -26,6 +26,7 @@ from avatar.llm.cache import PrefixCache
 from avatar.llm.conversation import ConversationStore, MemoryStore, StoreError, bound_context
 from avatar.llm.decoder import Decoder
 from avatar.llm.grounding import GroundingConfig, recalled, sources
+from avatar.llm.persona import DEFAULT
 from avatar.llm.sampling import SamplingParams
 from avatar.llm.scheduler import Event, Scheduler
 from avatar.llm.sequences import KvCacheSequences, SequenceDecoder
@@ -40,19 +41,13 @@ from avatar.llm.template import (
 from avatar.llm.tokenizer import Tokenizer
 from avatar.sentences import ends_sentence, spoken_text
 
-DEFAULT_PERSONA = (
-    "You are Mia, a warm and cheerful receptionist avatar. "
-    "Answer in one to three short spoken sentences."
-)
+# the packaged avatar's system prompt (the `llm` model's default persona)
+DEFAULT_PERSONA = DEFAULT.system_prompt()
 
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
     persona: str = DEFAULT_PERSONA
-    # an example exchange placed after the persona when a conversation starts (a persona
-    # file's introduction: a small model copies how it introduced itself far more
-    # reliably than it follows "your name is ...", docs/llm.md)
-    introduction: tuple[Message, ...] = ()
     context_tokens: int = 1024  # prompt + reply; older turns are dropped to fit
     max_batch: int = 8
     prefix_cache_entries: int = 16
@@ -204,8 +199,6 @@ class ChatEngine:
             history = history[1:] if history[0].role == "system" else history
             full = [new[0], *history, *new[1:]]
         else:
-            if not history and self.config.introduction and new[0].role != "system":
-                history = list(self.config.introduction)
             full = with_persona([*history, *new], self.config.persona)
         budget = self.config.context_tokens - sampling.max_tokens
         if budget <= 0:
@@ -217,7 +210,7 @@ class ChatEngine:
         if context.strip() and question.role != "user":
             raise RequestError("context needs the last message to be the user's")
         # a question about the user reads their own earlier words beside it, as passages are
-        told = recalled(full, self.config.grounding, example=self.config.introduction)
+        told = recalled(full, self.config.grounding)
         reading = "\n".join(part for part in (told, context.strip()) if part)
         if reading:
             full[-1] = Message("user", grounded(question.content, reading))
@@ -229,7 +222,6 @@ class ChatEngine:
             copied = sources(
                 [*full[:-1], question],
                 self.config.grounding,
-                example=self.config.introduction,
                 context=context,
             )
         return ChatRequest(full, new, session_id, sampling, token, memory_error, memory, copied)

@@ -125,7 +125,12 @@ class GroundingConfig:
 
 # the question is about the user (they speak of themselves) / about the avatar
 _ABOUT_THE_USER = re.compile(r"\b(?:my|me|mine|i|i'm|myself)\b", re.IGNORECASE)
-_ABOUT_THE_AVATAR = re.compile(r"\b(?:you|your|yours|yourself)\b", re.IGNORECASE)
+# ("you" alone is not enough: "how old do you have to be" asks about the venue's rules)
+_ABOUT_THE_AVATAR = re.compile(
+    r"\b(?:your|yours|yourself|who are you|call you|about you|you do|talking to)\b"
+    r"|\byou\b.*\bname\b|\bname\b.*\byou\b",
+    re.IGNORECASE,
+)
 _SENTENCE = re.compile(r"[^.!?]+[.!?]*")
 
 
@@ -139,9 +144,7 @@ def persona_statements(system_prompt: str) -> str:
     return " ".join(found)
 
 
-def recalled(
-    messages: Sequence[Message], config: GroundingConfig, *, example: Sequence[Message] = ()
-) -> str:
+def recalled(messages: Sequence[Message], config: GroundingConfig) -> str:
     """What the last message should read beside it: when it asks about the user, their
     latest earlier messages in the second person ("What is my code?" -> "Your code is
     4417."); when it asks about the avatar, the persona's statements about itself."""
@@ -153,7 +156,12 @@ def recalled(
     if config.recall_persona and messages[0].role == "system" and about_the_avatar:
         parts.append(persona_statements(messages[0].content))
     if config.recall and _ABOUT_THE_USER.search(question.content):
-        earlier = [m.content for m in messages[:-1] if m.role == "user" and m not in example]
+        # what they said of themselves, not what they asked
+        earlier = [
+            m.content
+            for m in messages[:-1]
+            if m.role == "user" and not m.content.rstrip().endswith("?")
+        ]
         parts += [second_person(text) for text in earlier[-config.recall :]]
     return " ".join(part for part in parts if part)
 
@@ -162,17 +170,15 @@ def sources(
     messages: Sequence[Message],
     config: GroundingConfig,
     *,
-    example: Sequence[Message] = (),
     context: str = "",
 ) -> tuple[str, ...]:
     """What a reply to `messages` may copy from: the system prompt in the first person,
-    the user's earlier messages (not the persona's `example` exchange) in the second
-    person, and the passages."""
+    the user's earlier messages in the second person, and the passages."""
     found: list[str] = []
     if config.persona and messages and messages[0].role == "system":
         found.append(first_person(messages[0].content))
     if config.user:
-        earlier = [m for m in messages[:-1] if m.role == "user" and m not in example]
+        earlier = [m for m in messages[:-1] if m.role == "user"]
         found += [second_person(m.content) for m in earlier]
     if config.passages and context.strip():
         found.append(context.strip())

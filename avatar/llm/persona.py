@@ -8,10 +8,10 @@ read from a small TOML or JSON file and rendered into the system prompt.
     facts = ["You work at the front desk, day shift.", "You speak English and Italian."]
 
 `avatar serve --persona FILE`, the `llm` model's `persona_file` parameter, or
-$AVATAR_PERSONA_FILE choose one; without, the `persona` parameter's plain text is the
-system prompt. The rendering states the name twice and says how to answer when asked it:
-a 135M model given only "You are Mia" often introduces itself by another name
-(docs/llm.md has the measured share).
+$AVATAR_PERSONA_FILE choose one; else the `persona` parameter's plain text, else DEFAULT
+(the packaged avatar, Mia). The rendering states the name twice and says how to answer
+when asked it; what the model reads of it when asked who it is, and how its name is kept
+in the reply, is avatar/llm/grounding.py (docs/llm.md has the measured shares).
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-
-from avatar.llm.template import Message
 
 PERSONA_FILE_ENV = "AVATAR_PERSONA_FILE"
 MAX_FIELD_CHARS = 600
@@ -75,16 +73,6 @@ class Persona:
             )
         except PersonaError as error:
             raise PersonaError(f"{where}: {error}") from None
-
-    def introduction(self) -> tuple[Message, Message]:
-        """The exchange a conversation starts from: asked who it is, the avatar gives its
-        name and role (the model copies this far more reliably than it follows the
-        system prompt's "Your name is ...")."""
-        role = f", {self.role}" if self.role else ""
-        return (
-            Message("user", "Who are you?"),
-            Message("assistant", f"I am {self.name}{role}. How can I help you?"),
-        )
 
     def system_prompt(self) -> str:
         """The persona as a system prompt, in the second person (as chat models are

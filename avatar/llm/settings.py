@@ -25,7 +25,6 @@ from avatar.llm.grounding import GroundingConfig
 from avatar.llm.openai_api import Endpoint
 from avatar.llm.persona import PERSONA_FILE_ENV, load_persona
 from avatar.llm.sampling import SamplingParams
-from avatar.llm.template import Message
 from avatar.model_parameters import ModelParameters
 
 BACKEND_ENV = "AVATAR_LLM_BACKEND"
@@ -40,7 +39,6 @@ class LlmSettings:
     persona: str  # the system prompt
     persona_source: str  # where it came from, for the log ("parameter" or a file)
     endpoint: Endpoint | None = None  # backend "openai"
-    introduction: tuple[Message, ...] = ()  # a persona file's opening exchange
     tensorrt_llm_model: str = "tensorrt_llm"  # backend "tensorrt_llm"
 
     def describe(self) -> str:
@@ -59,7 +57,6 @@ def engine_config(params: ModelParameters, settings: LlmSettings) -> EngineConfi
     the in-process stages (serving.served.local_config) read them here alike."""
     return EngineConfig(
         persona=settings.persona,
-        introduction=settings.introduction,
         context_tokens=params.int("context_tokens", EngineConfig.context_tokens),
         max_batch=params.int("max_batch", EngineConfig.max_batch),
         sessions=params.int("sessions", EngineConfig.sessions),
@@ -82,11 +79,9 @@ def llm_settings(
     if backend not in BACKENDS:
         raise ValueError(f"model {params.model}: backend {backend!r} is not one of {BACKENDS}")
     persona_file = params.str("persona_file", "") or env.get(PERSONA_FILE_ENV, "")
-    introduction: tuple[Message, ...] = ()
     if persona_file:
         loaded = load_persona(persona_file)
         persona, source = loaded.system_prompt(), persona_file
-        introduction = loaded.introduction()
     else:
         persona, source = params.str("persona", default_persona), "parameter"
     endpoint = None
@@ -113,6 +108,5 @@ def llm_settings(
         persona,
         source,
         endpoint,
-        introduction,
         params.str("tensorrt_llm_model", "tensorrt_llm"),
     )

@@ -445,7 +445,10 @@ class PacedOutput:
         self._thread = threading.Thread(target=self._run, name="broadcast-output", daemon=True)
         self._lateness_ms: deque[float] = deque(maxlen=30 * 60 * output.format.fps)
         self._ticks = self._underflows = self._late = self._dropped = 0
+        # Marked ticks' times, kept past the output's history; completed once the AAC
+        # packet holding the tick's first sample is out (a few ticks later).
         self._marks: dict[str, TickTimes] = {}
+        self._unfinished_marks: dict[str, int] = {}
         self._last_frame = np.zeros((output.format.height, output.format.width, 3), np.uint8)
         self._silence = np.zeros(output.format.samples_per_frame, np.float32)
         self.error: OutputError | None = None
@@ -488,10 +491,7 @@ class PacedOutput:
 
     def mark_times(self, mark: str) -> TickTimes | None:
         """The tick a marked `put` became and its sender-side times, once written."""
-        times = self._marks.get(mark)
-        if times is None:
-            return None
-        return self.output.times(times.tick) or times
+        return self._marks.get(mark)
 
     def _next(self) -> tuple[np.ndarray, np.ndarray, str | None]:
         with self._space:
@@ -516,8 +516,7 @@ class PacedOutput:
             self._ticks += 1
             try:
                 self.output.write(frame, audio)
-                if mark is not None:
-                    self._marks[mark] = self.output.times(tick) or TickTimes(tick, time.monotonic())
+                self._note_marks(mark, tick)
             except OutputError as error:
                 resumed = self._recover(error)
                 if resumed is None:
@@ -530,6 +529,18 @@ class PacedOutput:
                 self._fail(OutputError(self.output.url, f"{type(error).__name__}: {error}"))
                 return
             tick += 1
+
+    def _note_marks(self, mark: str | None, tick: int) -> None:
+        if mark is not None:
+            self._unfinished_marks[mark] = tick
+        for name, marked in list(self._unfinished_marks.items()):
+            times = self.output.times(marked)
+            if times is None:  # forgotten or never written (a reconnect dropped it)
+                del self._unfinished_marks[name]
+                continue
+            self._marks[name] = times
+            if times.audio_out is not None and times.video_out is not None:
+                del self._unfinished_marks[name]
 
     def _recover(self, error: OutputError) -> int | None:
         """Reopen the output until it works or the timeout passes: the tick it resumes at,

@@ -63,9 +63,6 @@ class ReadbackReport:
     video_start_s: float | None
     audio_start_s: float | None
 
-    def lines(self) -> list[str]:
-        return [f"{name}: {value}" for name, value in asdict(self).items()]
-
 
 @dataclass
 class Readback:
@@ -76,14 +73,14 @@ class Readback:
     fps_hint: float = 25.0
     open_timeout_s: float = 15.0
     idle_timeout_s: float = 3.0  # no packet for this long: the stream has ended
-    frames: list[ReceivedFrame] = field(default_factory=list)
-    audio: list[ReceivedAudio] = field(default_factory=list)
+    frames: list[ReceivedFrame] = field(default_factory=list, repr=False)
+    audio: list[ReceivedAudio] = field(default_factory=list, repr=False)
     sample_rate: int = 0
-    _envelope: list[np.ndarray] = field(default_factory=list)
+    _envelope: list[np.ndarray] = field(default_factory=list, repr=False)
     _envelope_start_s: float | None = None
-    _carry: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
-    _stop: threading.Event = field(default_factory=threading.Event)
-    opened: threading.Event = field(default_factory=threading.Event)
+    _carry: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32), repr=False)
+    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
+    opened: threading.Event = field(default_factory=threading.Event, repr=False)
     opened_at: float | None = None
     error: BaseException | None = None
 

@@ -67,6 +67,7 @@ def _broadcast(server: RtmpServer, seconds: float, card: SignalCard) -> tuple[Re
         "output": paced.output.stats,
         "cpu_per_s": cpu_per_s,
         "marks": {f"tone{t}": paced.mark_times(f"tone{t}") for t in starts},
+        "times": [paced.output.times(t) for t in range(ticks)],  # the last 5 minutes
     }
     return readback, sent
 
@@ -108,6 +109,17 @@ def _check_received(readback: Readback, sent: dict, card: SignalCard) -> dict:
         encoder_ms.append(round((times.audio_out - times.written) * 1000, 1))
         server_ms.append(round((received - times.audio_out) * 1000, 1))
     assert max(map(abs, av_ms)) <= 40.0
+    # Write -> received, every frame the player got after its probe (loopback: ~encoder).
+    picture_ms = [
+        (frame.received - times.written) * 1000
+        for frame, times in zip(readback.frames, sent["times"], strict=True)
+        if times is not None and frame.received > (readback.opened_at or 0)
+    ]
+    log.info(
+        "frames written -> received: p50 %.1f ms, p95 %.1f ms",
+        np.percentile(picture_ms, 50),
+        np.percentile(picture_ms, 95),
+    )
     log.info(
         "tone bursts: A/V offset %s ms; encoder buffering %s ms; server+network %s ms",
         av_ms,

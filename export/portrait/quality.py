@@ -27,12 +27,16 @@ model; the figures, each with its threshold (the constants below):
    colour lies within the photo's colour range (per channel, +-HOLE_LEVELS) over the square
    window its warp can reach (the frame's largest vertex displacement + HOLE_REACH_PX): a
    black hole, the mouth's paint smeared over lips or chin, or a sample from a wrong place
-   fails it (the check is weaker on frames with a wide-open jaw, whose window is larger).
+   fails it (the check is weaker on frames with a wide-open jaw, whose window is larger);
+6. single expressions (export.portrait.expressions): a full blink closes the eyes, funnel
+   and pucker narrow the mouth without opening the jaw, the teeth show gaps between them.
 
 Results: build/perf/portrait/quality.json and quality.md, a contact sheet of one reply
-(sheet.png, and mouth.png: the mouth at full size), the reply as reply.mp4, and
-background.png: the photo in grey, red where a background pixel left the photo by more than
-the limit in some frame of a reply, yellow where only random blendshapes did.
+(sheet.png, and mouth.png: the mouth at full size), the reply as reply.mp4, the single
+expressions (expressions.png: neutral, blink, funnel, pucker, jaw open; eyes.png and
+expressions_mouth.png at full size), and background.png: the photo in grey, red where a
+background pixel left the photo by more than the limit in some frame of a reply, yellow
+where only random blendshapes did.
 """
 
 from __future__ import annotations
@@ -52,6 +56,13 @@ from avatar.animation.pipeline import Animation
 from avatar.animation.timing import phonemize, synthetic_timings
 from evals.report import DEFAULT_OUT, machine, save_results
 from export.portrait import landmarks as lm
+from export.portrait.expressions import (
+    LEFT_EYE_EAR,
+    RIGHT_EYE_EAR,
+    TEETH_JAW,
+    expression_checks,
+    measure_expressions,
+)
 from export.portrait.recipe import OUTPUT, example_inputs
 from export.portrait.rig import Rig
 
@@ -327,6 +338,7 @@ class Evaluation:
     frames: np.ndarray  # the first reply as served
     speech_over: np.ndarray  # [S, S] bool: background pixels over the limit in a reply
     random_over: np.ndarray  # the same with random blendshapes
+    expressions: np.ndarray  # frames of expressions.POSES
 
 
 def evaluate(
@@ -349,6 +361,9 @@ def evaluate(
             rows.append(figures)
             first = frames if first is None else first
             log.info("%s: %d frames measured", reply.text, len(frames))
+        expressions, expression_frames = measure_expressions(
+            lambda shapes: render(session, shapes), mesh, rig.unit
+        )
     shapes = example_inputs(random_sets, seed=7)["blendshapes"]
     randoms = still_head_checks(render(session, shapes), shapes, rig, colours)
     random_over = randoms.pop("over_map")
@@ -364,9 +379,10 @@ def evaluate(
         "background_margin_px": round(BACKGROUND_MARGIN * rig.unit, 1),
         "replies": rows,
         "random": {"sets": random_sets, **randoms},
+        "expressions": expressions,
     }
     results["checks"] = checks(results)
-    return Evaluation(results, first, speech_over, random_over)
+    return Evaluation(results, first, speech_over, random_over, expression_frames)
 
 
 def checks(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -390,6 +406,7 @@ def checks(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
         "nudge_max_mad": (worst("nudge_max_mad"), "<=", MAX_NUDGE_MAD),
         "flicker_excess": (worst("flicker_excess"), "<=", 0.0),
         "holes": (worst("holes") + randoms["holes"], "<=", 0),
+        **expression_checks(results["expressions"]),
     }
     out = {}
     for name, (value, op, limit) in table.items():
@@ -483,6 +500,19 @@ def markdown(results: dict[str, Any]) -> str:
             f"Background max further than {units:g} eye distance(s) from the face: "
             f"replies {speech}, random {r[key]} levels."
         )
+    e = results["expressions"]
+    if e["redetected"]:
+        lines += [
+            "",
+            f"Expressions (re-detected): eye aspect ratio rest {e['rest_eye_aspect_ratio']}, "
+            f"eyeBlink 1 {e['blink_eye_aspect_ratio']}; mouth width / rest: mouthFunnel 1 "
+            f"{e['funnel_width_ratio']:.3f} (inner lip gap {e['funnel_lip_gap_px']:.1f} px, "
+            f"chin drop {e['funnel_chin_drop']:.3f} eye), mouthPucker 1 "
+            f"{e['pucker_width_ratio']:.3f} (gap {e['pucker_lip_gap_px']:.1f} px, chin drop "
+            f"{e['pucker_chin_drop']:.3f}); rest gap {e['rest_lip_gap_px']:.1f} px; teeth at "
+            f"jawOpen {TEETH_JAW:g}: {e['teeth_gaps']} gaps, row luminance std "
+            f"{e['teeth_row_std']:.1f}.",
+        ]
     return "\n".join(lines)
 
 
@@ -507,6 +537,14 @@ def write_pictures(out: Path, evaluation: Evaluation, rig: Rig, reply: Reply) ->
     grey[evaluation.random_over] = (255, 220, 0)
     grey[evaluation.speech_over] = (255, 0, 0)
     write_png(out / "background.png", grey.astype(np.uint8))
+    shown = evaluation.expressions
+    write_png(out / "expressions.png", contact_sheet(_half(shown), columns=len(shown)))
+    write_png(out / "expressions_mouth.png", contact_sheet(shown[:, y0:y1, x0:x1],
+                                                           columns=len(shown)))  # fmt: skip
+    eyes = rig.vertices[list(RIGHT_EYE_EAR + LEFT_EYE_EAR), :2]
+    (ex0, ey0), (ex1, ey1) = eyes.min(axis=0) - 0.2 * rig.unit, eyes.max(axis=0) + 0.2 * rig.unit
+    eye_box = np.s_[:, max(0, int(ey0)) : int(ey1), max(0, int(ex0)) : int(ex1)]
+    write_png(out / "eyes.png", contact_sheet(shown[:2][eye_box], columns=1))
     log.info("pictures: %s/{sheet,mouth,background}.png, %s/reply.mp4 (%s)", out, out,
              "with audio" if reply.audio is not None else "silent")  # fmt: skip
     for seg in reply.animation.segments:

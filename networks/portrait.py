@@ -9,7 +9,9 @@ blendshape and how much each follows a head turn. Per frame:
     backward maps by fixed-point iteration: source = pixel - field(source)
     the photo sampled bilinearly at the upsampled map, only in the region the mesh can move
     in the mouth box: the lower layer below the lips' meeting line, and the mouth interior
-      (cavity, teeth, tongue) painted between the inner lips
+      (cavity, shaded teeth with gaps and a gum line, tongue) painted between the inner lips
+    in the eye box: the same lower layer (there: the eye, unmoved) below the posed upper
+      lids, so a closing lid covers the eye instead of squeezing it (`split_at_eyes`)
 
 Every op is a Gather, MatMul, GridSample, Resize or elementwise op with fixed shapes but the
 batch, so the graph exports to ONNX with a dynamic batch axis and builds in TensorRT.
@@ -26,6 +28,11 @@ from torch import Tensor, nn
 GRID_STEP = 4  # px between displacement-field samples: features move smoothly over 4 px
 ITERATIONS = 4  # fixed-point steps of the backward map (each shrinks the error where the warp
 # stretches less than 2x; the quality checks in export/portrait/quality.py hold at 4)
+# Teeth counted from the middle of the mouth at x = |a - width/2| / (width/2):
+# tooth(x) = x * (TOOTH_SLOPE + TOOTH_CURVE * x) puts the edges of the central incisors at
+# x = 0.3, the laterals at 0.5, the canines at 0.65 (narrower to the sides, as seen)
+TOOTH_SLOPE, TOOTH_CURVE = 2.33, 3.33
+LOWER_TEETH = 1.35  # lower incisors are narrower: their count per upper tooth
 
 
 def barycentric(points: np.ndarray, vertices: np.ndarray, triangles: np.ndarray):
@@ -61,12 +68,13 @@ def active_region(vertices, triangles, offsets, rigidity, size: int):
 
 
 def _interp(a: Tensor, xs: Tensor, ys: Tensor) -> Tensor:
-    """Piecewise-linear y(a) through the points (xs, ys) [B, K], clamped at both ends:
-    a [B, P] -> [B, P]. Written as a sum of ramps so it is elementwise in ONNX."""
+    """Piecewise-linear y(a) through the points (xs [B, K], ys [B, K, C]), clamped at both
+    ends: a [B, P] -> [B, P, C]. A sum of ramps (elementwise in ONNX), summed by a MatMul:
+    ONNX Runtime's Mul + ReduceSum over the K-1 ramps took twice as long."""
     seg = torch.clamp(xs[:, 1:] - xs[:, :-1], min=1e-3)  # [B, K-1]
-    slope = (ys[:, 1:] - ys[:, :-1]) / seg
+    slope = (ys[:, 1:] - ys[:, :-1]) / seg[..., None]  # [B, K-1, C]
     run = torch.minimum(torch.clamp(a[..., None] - xs[:, None, :-1], min=0.0), seg[:, None])
-    return ys[:, :1] + (run * slope[:, None]).sum(-1)
+    return ys[:, None, 0] + run @ slope
 
 
 class PortraitRenderer(nn.Module):
@@ -86,9 +94,10 @@ class PortraitRenderer(nn.Module):
         mouth_upper: tuple[int, ...],  # inner-lip vertex ids, corner to corner
         mouth_lower: tuple[int, ...],
         mouth_box: tuple[int, int, int, int],  # x0, y0, x1, y1
-        rest_gap: float,  # px between the inner lips at rest
+        eye_box: tuple[int, int, int, int],  # both eyes: where the lids cover the eye layer
+        eye_upper: tuple[int, ...],  # both upper lids' ids, x ascending
         teeth: float,  # px of upper teeth in a wide-open mouth
-        colors: dict[str, tuple[int, int, int]],  # cavity, teeth, tongue
+        colors: dict[str, tuple[int, int, int]],  # cavity, teeth, tongue, gum
         iterations: int = ITERATIONS,
     ):
         super().__init__()
@@ -97,8 +106,9 @@ class PortraitRenderer(nn.Module):
         assert offsets.shape == (52, len(vertices), 3), f"offsets {offsets.shape}"
         self.size, self.iterations = size, iterations
         self.count = len(vertices)
-        self.rest_gap, self.teeth = float(rest_gap), float(teeth)
+        self.teeth = float(teeth)
         self.box = tuple(int(v) for v in mouth_box)
+        self.eye_box = tuple(int(v) for v in eye_box)
         f32 = lambda a: torch.as_tensor(np.asarray(a, np.float32))  # noqa: E731
         self.register_buffer("rest", f32(vertices))
         self.register_buffer("offsets", f32(offsets).reshape(52, -1))
@@ -106,8 +116,15 @@ class PortraitRenderer(nn.Module):
         self.register_buffer("rigidity", f32(rigidity)[:, None])
         self.register_buffer("pivot", f32(pivot))
         self.register_buffer("upper", torch.as_tensor(mouth_upper, dtype=torch.int64))
+        # per column of the inner lips, the photo's own opening: a photo with parted lips
+        # keeps its teeth (upper half with the upper lip, lower half with the lower one)
+        gaps = np.linalg.norm(
+            vertices[list(mouth_lower), :2] - vertices[list(mouth_upper), :2], axis=1
+        )
+        self.register_buffer("rest_gaps", f32(gaps)[None])  # [1, K]
         self.register_buffer("lower", torch.as_tensor(mouth_lower, dtype=torch.int64))
-        for name in ("cavity", "teeth", "tongue"):
+        self.register_buffer("eye_upper", torch.as_tensor(eye_upper, dtype=torch.int64))
+        for name in ("cavity", "teeth", "tongue", "gum"):
             self.register_buffer(f"{name}_rgb", f32(colors[name]).reshape(3, 1, 1))
 
         # Only the region the mesh can move is warped; the rest of the frame is the photo.
@@ -133,10 +150,18 @@ class PortraitRenderer(nn.Module):
         pairs = np.concatenate([photo, np.concatenate([photo[:, 1:], photo[:, -1:]], 1)], -1)
         self.register_buffer("texels", f32(pairs).reshape(size * size, 6))
         self.register_buffer("photo_u8", torch.as_tensor(np.array(photo, np.uint8))[None])
-        x0, y0, x1, y1 = self.box
-        assert rx0 <= x0 and ry0 <= y0 and x1 <= rx1 and y1 <= ry1, "mouth box outside region"
-        bys, bxs = np.mgrid[y0:y1, x0:x1].astype(np.float32)
-        self.register_buffer("box_pixels", f32(np.stack([bxs.ravel(), bys.ravel()], 1))[None])
+        # the lower layer is sampled in the mouth box, then the eye box: [1, P_mouth + P_eye, 2]
+        boxed = []
+        for bx0, by0, bx1, by1 in (self.box, self.eye_box):
+            assert rx0 <= bx0 and ry0 <= by0 and bx1 <= rx1 and by1 <= ry1, "box outside region"
+            bys, bxs = np.mgrid[by0:by1, bx0:bx1].astype(np.float32)
+            boxed.append(np.stack([bxs.ravel(), bys.ravel()], 1))
+        assert self.eye_box[3] <= self.box[1], "the eye box reaches into the mouth box"
+        self.mouth_count = len(boxed[0])
+        ex0, ey0, ex1, ey1 = self.eye_box
+        self.register_buffer("eye_columns", torch.arange(ex0, ex1, dtype=torch.float32)[None])
+        self.register_buffer("eye_rows", torch.arange(ey0, ey1, dtype=torch.float32)[:, None])
+        self.register_buffer("box_pixels", f32(np.concatenate(boxed))[None])
 
     def posed_vertices(
         self, blendshapes: Tensor, head_pose: Tensor, offsets: Tensor | None = None
@@ -187,7 +212,9 @@ class PortraitRenderer(nn.Module):
         moved = F.grid_sample(below, self._grid_unit(points), align_corners=True,
                               padding_mode="border")  # fmt: skip
         lower = self._sample_photo(points - moved.permute(0, 2, 3, 1))[:, :, 0]  # [3, B, P]
-        image = self._paint_mouth(image, lower, posed)
+        mouth = self._paint_mouth(image, lower[..., : self.mouth_count], posed)
+        eyes = self._cover_eyes(image, lower[..., self.mouth_count :], posed)
+        image = _put(image, (eyes, self.eye_box), (mouth, self.box), origin=self.region[:2])
         image = image.clamp(0.0, 255.0).round().to(torch.uint8).permute(1, 2, 3, 0)
         return self._paste(image, batch)
 
@@ -223,12 +250,15 @@ class PortraitRenderer(nn.Module):
         return torch.cat([photo[:, :ry0], row, photo[:, ry1:]], dim=1)
 
     def _paint_mouth(self, image: Tensor, lower: Tensor, posed: Tensor) -> Tensor:
-        """In the mouth box of the region [3, B, h, w]: the lower layer `lower` [3, B, P]
-        below the line where the lips meet, then cavity, tongue and teeth between the inner lips.
+        """The mouth box of the region [3, B, h, w] -> [3, B, mh, mw]: the lower layer
+        `lower` [3, B, P] below the line where the lips meet, then cavity, tongue, teeth and
+        gum between the inner lips.
 
         In the mouth's frame (a along the corner-to-corner axis, b across it, down), the
         upper and lower inner lips are curves b_u(a), b_l(a); the interior is b_u < b < b_l
-        where the lips are further apart than at rest. The page's shader draws the same."""
+        where the lips are further apart than at rest. The photo's own interior at rest (its
+        half-opening per column, `keep`) stays next to each lip; the paint fills what the
+        jaw opened beyond it. The page's shader draws the same."""
         x0, y0, x1, y1 = self.box
         up, lo = posed[:, self.upper], posed[:, self.lower]  # [B, K, 2]
         start, end = (up[:, 0] + lo[:, 0]) / 2, (up[:, -1] + lo[:, -1]) / 2
@@ -240,36 +270,100 @@ class PortraitRenderer(nn.Module):
             rel = p - start[:, None]
             return (rel * along[:, None]).sum(-1), (rel * across[:, None]).sum(-1)
 
-        a, b = frame(self.box_pixels)  # [B, P]
+        a, b = frame(self.box_pixels[:, : self.mouth_count])  # [B, P]
         au, bu_pts = frame(up)
         al, bl_pts = frame(lo)
-        b_up, b_low = _interp(a, au, bu_pts), _interp(a, al, bl_pts)
+        # the upper lip and the photo's opening per column share the upper lip's columns
+        rest_gaps = self.rest_gaps.expand_as(bu_pts)  # [B, K]
+        upper = _interp(a, au, torch.stack([bu_pts, rest_gaps], dim=-1))
+        b_up, rest = upper[..., 0], upper[..., 1]  # rest: the photo's opening here
+        b_low = _interp(a, al, bl_pts[..., None])[..., 0]
         gap = b_low - b_up
-        opened = torch.clamp((gap - self.rest_gap - 0.5) / 1.5, 0.0, 1.0)
+        keep = rest / 2  # the photo's own interior kept next to each lip
+        opened = torch.clamp((gap - rest - 0.5) / 1.5, 0.0, 1.0)
         inside = (
-            torch.clamp(b - b_up + 0.5, 0.0, 1.0) * torch.clamp(b_low - b + 0.5, 0.0, 1.0) * opened
+            torch.clamp(b - b_up - keep + 0.5, 0.0, 1.0)
+            * torch.clamp(b_low - keep - b + 0.5, 0.0, 1.0)
+            * opened
         )
         depth = torch.clamp((b - b_up) / gap.clamp(min=1.0), 0.0, 1.0)
         centre = a - width / 2
         lateral = torch.clamp((0.36 * width - centre.abs()) / 2.0 + 0.5, 0.0, 1.0)
-        upper_teeth = torch.clamp(torch.clamp(0.45 * gap, max=self.teeth) - (b - b_up) + 0.5,
-                                  0.0, 1.0)  # fmt: skip
-        lower_teeth = torch.clamp(torch.clamp(0.25 * gap, max=0.6 * self.teeth) - (b_low - b)
-                                  + 0.5, 0.0, 1.0)  # fmt: skip
-        teeth = torch.maximum(upper_teeth, lower_teeth) * lateral
         tongue_y = (b - (b_low - 0.2 * gap)) / (0.35 * gap).clamp(min=1.0)
         tongue = torch.clamp(4.0 * (1.0 - (centre / (0.32 * width)) ** 2 - tongue_y**2), 0.0, 1.0)
         shade = 0.55 + 0.9 * (depth - 0.5).abs()
         color = self.cavity_rgb * shade  # [3, B, P]
         color = color + (self.tongue_rgb - color) * tongue
-        teeth_shade = (1.0 - 0.35 * (centre / (0.4 * width)) ** 2).clamp(min=0.5)
-        color = color + (self.teeth_rgb * teeth_shade - color) * teeth
+        # teeth: a template drawn here. Per tooth a seam (1 between two teeth, 0 in a
+        # tooth's middle) darkens the gaps and rounds the tips; the lips shade the teeth
+        # next to them, the lower teeth lie in the upper ones' shadow, all darker to the sides
+        x = centre.abs() / (width / 2)
+        tooth = x * (TOOTH_SLOPE + TOOTH_CURVE * x)
+        side = (1.0 - 0.35 * (centre / (0.4 * width)) ** 2).clamp(min=0.5)
+        seam = _seam(tooth)
+        # a wide-open mouth shows a band of gum above the upper teeth, dipping between them
+        gum = torch.clamp(0.5 * (0.45 * gap - self.teeth), 0.0, 0.3 * self.teeth)
+        gum = gum * torch.clamp(1.0 - keep, 0.0, 1.0)  # not under a photo's own teeth
+        down = b - b_up - keep  # from the upper lip (or the photo's own upper teeth)
+        for teeth_seam, length, from_lip, light in (
+            (seam, torch.clamp(torch.clamp(0.45 * gap, max=self.teeth) - keep, min=0.0),
+             down - gum, side),
+            (_seam(LOWER_TEETH * tooth),
+             torch.clamp(torch.clamp(0.25 * gap, max=0.6 * self.teeth) - keep, min=0.0),
+             b_low - keep - b, 0.78 * side),
+        ):  # fmt: skip
+            body, tint = _teeth(teeth_seam, length, from_lip, light)
+            color = color + (self.teeth_rgb * tint - color) * body * lateral
+        gums = torch.clamp(gum * (1.0 + 0.6 * seam * seam) - down + 0.5, 0.0, 1.0)
+        color = color + (self.gum_rgb * side - color) * gums * lateral
         rx0, ry0 = self.region[:2]
         batch, h, w = image.shape[1], y1 - y0, x1 - x0
         x0, x1, y0, y1 = x0 - rx0, x1 - rx0, y0 - ry0, y1 - ry0  # in the region
         box = image[:, :, y0:y1, x0:x1].reshape(3, batch, h * w)
         below = torch.clamp(b - (b_up + b_low) / 2 + 0.5, 0.0, 1.0)
         box = box + (lower - box) * below
-        box = (box + (color - box) * inside).reshape(3, batch, h, w)
-        row = torch.cat([image[:, :, y0:y1, :x0], box, image[:, :, y0:y1, x1:]], dim=3)
-        return torch.cat([image[:, :, :y0], row, image[:, :, y1:]], dim=2)
+        return (box + (color - box) * inside).reshape(3, batch, h, w)
+
+    def _cover_eyes(self, image: Tensor, lower: Tensor, posed: Tensor) -> Tensor:
+        """The eye box of the region [3, B, h, w] -> [3, B, eh, ew]: the eye layer `lower`
+        [3, B, P] below each eye's posed upper lid, the lid layer (`image`) above it."""
+        x0, y0, x1, y1 = self.eye_box
+        rx0, ry0 = self.region[:2]
+        batch, h, w = image.shape[1], y1 - y0, x1 - x0
+        # both upper lids as one line, x ascending (across the nose, where the layers
+        # agree), once per column of the box
+        lids = posed[:, self.eye_upper]  # [B, 2K, 2]
+        line = _interp(self.eye_columns, lids[..., 0], lids[..., 1:])[..., 0]  # [B, w]
+        under = torch.clamp(self.eye_rows - line[:, None] + 0.5, 0.0, 1.0)  # [B, h, w]
+        box = image[:, :, y0 - ry0 : y1 - ry0, x0 - rx0 : x1 - rx0]
+        return box + (lower.reshape(3, batch, h, w) - box) * under
+
+
+def _teeth(seam: Tensor, length: Tensor, from_lip: Tensor, light: Tensor) -> tuple[Tensor, Tensor]:
+    """One row of teeth `length` px from its lip (`from_lip`: px of a pixel from that
+    lip, into the mouth) -> (coverage, shade): tips rounded and gaps dark by the `seam`,
+    darker next to the lip (its shadow) and by `light`."""
+    seam2 = seam * seam
+    seam8 = seam2 * seam2 * seam2 * seam2
+    body = torch.clamp(length * (1.0 - 0.2 * seam2) - from_lip + 0.5, 0.0, 1.0)
+    shadow = 0.72 + 0.28 * torch.clamp(from_lip / (0.5 * length + 1.0), 0.0, 1.0)
+    return body, light * shadow * (1.0 - 0.1 * seam - 0.35 * seam8)
+
+
+def _seam(tooth: Tensor) -> Tensor:
+    """1 where `tooth` (teeth counted from the middle) is a whole number, 0 halfway."""
+    return 0.5 + 0.5 * torch.cos(2.0 * np.pi * tooth)
+
+
+def _put(image: Tensor, *boxes: tuple[Tensor, tuple[int, ...]], origin: tuple[int, int]) -> Tensor:
+    """`image` [C, B, H, W] (its pixel 0, 0 at `origin` of the photo) with each box
+    [C, B, h, w] in place at its (x0, y0, x1, y1), boxes given top to bottom in rows that do
+    not overlap: one concatenation of rows (no in-place writes in the graph)."""
+    rows, top = [], 0
+    for box, corners in boxes:
+        x0, y0, x1, y1 = np.subtract(corners, origin * 2).tolist()
+        assert y0 >= top, "boxes overlap in rows"
+        band = image[:, :, y0:y1]
+        rows += [image[:, :, top:y0], torch.cat([band[..., :x0], box, band[..., x1:]], dim=3)]
+        top = y1
+    return torch.cat([*rows, image[:, :, top:]], dim=2)

@@ -80,7 +80,8 @@ def renderer(rig: Rig, **options):  # -> networks.portrait.PortraitRenderer
         mouth_upper=landmarks.INNER_UPPER,
         mouth_lower=landmarks.INNER_LOWER,
         mouth_box=rig.mouth_box,
-        rest_gap=rig.rest_gap,
+        eye_box=rig.eye_box,
+        eye_upper=landmarks.RIGHT_EYE_UPPER + landmarks.LEFT_EYE_UPPER[::-1],  # x ascending
         teeth=TEETH_HEIGHT * rig.unit,
         colors=MOUTH_COLORS,
         **options,

@@ -32,16 +32,25 @@ BORDER_STEP = 64  # px between fixed vertices on the image border
 JAW_DROP = 0.32  # eye distances the lower lip moves at jawOpen = 1
 LAYER_BAND = 0.3  # eye distances either side of the lips where the warp layers differ
 TEETH_HEIGHT = 0.08  # eye distances of upper-teeth height in a wide-open mouth
-# RGB 0..255: cavity, teeth, tongue of the painted mouth interior
-MOUTH_COLORS = {"cavity": (52, 16, 22), "teeth": (212, 204, 186), "tongue": (170, 78, 84)}
+BLINK = (0.9, 0.25)  # shares of the eye's opening the upper and the lower lid close
+LASH_BAND = 0.06  # eye distances above the upper lid's edge that a blink moves rigidly
+EYE_BAND = 0.12  # eye distances below the lower lid where the lid layer rejoins the face
+# RGB 0..255: cavity, teeth, tongue and gum of the painted mouth interior
+MOUTH_COLORS = {
+    "cavity": (52, 16, 22),
+    "teeth": (216, 208, 190),
+    "tongue": (170, 78, 84),
+    "gum": (178, 92, 96),
+}
 
 ARKIT_APPROXIMATIONS = {
     "jawOpen": "lower lip, chin and lower cheeks move down, most at the midline",
     "jawForward": "a small drop of the jaw (a 2D photo has no depth to push)",
     "jawLeft/Right": "the jaw field moved sideways",
     "mouthClose": "the lower-lip band moves back up by the jaw's drop (lips meet, jaw open)",
-    "mouthFunnel": "lips part round: upper up, lower down, corners in",
-    "mouthPucker": "corners pulled in towards the centre",
+    "mouthFunnel": "the lips squeezed towards the centre (mouth 45 % narrower) and parted "
+    "round in the middle; the jaw stays",
+    "mouthPucker": "the lips squeezed towards the centre (mouth 45 % narrower), closed and fuller",
     "mouthLeft/Right": "the mouth region shifted sideways",
     "mouthSmile*": "corner up and out, cheek up",
     "mouthFrown*": "corner down",
@@ -52,7 +61,8 @@ ARKIT_APPROXIMATIONS = {
     "mouthPress*": "upper and lower lip squeezed together on that side",
     "mouthLowerDown*/UpperUp*": "that side of the lower (upper) lip down (up)",
     "eyeBlink*": "upper lid to 80 % of the eye, lower lid 20 % up; the lid skin above "
-    "stretches over the eye (the closed lid is the photo's own skin)",
+    "stretches over the eye (the closed lid is the photo's own skin), which the server's "
+    "warp draws over the eye as a layer of its own (eye_layers)",
     "eyeSquint*": "lower lid 30 % up, upper 10 % down",
     "eyeWide*": "upper lid 25 % up",
     "eyeLook*": "the iris moved inside the eye",
@@ -79,7 +89,8 @@ class Rig:
     pivot: np.ndarray  # [3] float32: centre of head rotation
     unit: float  # px between the eye centres
     mouth_box: tuple[int, int, int, int]  # x0, y0, x1, y1: where the interior can appear
-    rest_gap: float  # px between the inner lips in the photo (no interior drawn below it)
+    eye_box: tuple[int, int, int, int]  # both eyes: where the lid layer covers the eye
+    rest_gap: float  # px between the inner lips in the photo, widest column
 
     @property
     def size(self) -> int:
@@ -103,6 +114,7 @@ class Rig:
         values["unit"] = float(values["unit"])
         values["rest_gap"] = float(values["rest_gap"])
         values["mouth_box"] = tuple(int(v) for v in values["mouth_box"])
+        values["eye_box"] = tuple(int(v) for v in values["eye_box"])
         return cls(**values)
 
     def to_json(self) -> dict:
@@ -120,7 +132,6 @@ class Rig:
             "mouth": {
                 "upper": list(lm.INNER_UPPER),
                 "lower": list(lm.INNER_LOWER),
-                "rest_gap": round(self.rest_gap, 3),
                 "teeth": round(TEETH_HEIGHT * self.unit, 3),
                 "colors": MOUTH_COLORS,
             },
@@ -246,10 +257,48 @@ class ShapeFields:
         gap = np.clip(yl - yu, 0.0, None)  # 0 beyond the corners: no motion there
         t = np.clip((y - yu) / np.maximum(gap, 1e-6), 0.0, 1.0)
         between = (1 - t) * close_upper * gap - t * close_lower * gap
-        above = close_upper * gap * np.clip(1.0 - (yu - y) / 0.35, 0.0, 1.0)
+        # the lashes and the lid's edge move as one (LASH_BAND), the skin above stretches
+        above = (
+            close_upper * gap * np.clip(1.0 - (yu - y - LASH_BAND) / (0.35 - LASH_BAND), 0.0, 1.0)
+        )
         below = -close_lower * gap * np.clip(1.0 - (y - yl) / 0.25, 0.0, 1.0)
         dy = np.where(y < yu, above, np.where(y > yl, below, between))
         return np.stack([np.zeros_like(dy), dy], axis=1)
+
+    def eye_layers(
+        self, upper_ids, lower_ids, close_upper: float, close_lower: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """`eye`'s motion as two fields without its fold: (the lid: the upper lid and the
+        skin above it, continued down over the eye, back to `eye` by EYE_BAND below the
+        lower lid; the eye: unmoved under the upper lid, squeezed up by the lower lid).
+
+        `eye` squeezes the eye between the lids to nothing at a full blink; a backward warp
+        on a 4 px grid cannot draw that (the map jumps from the lid's skin to the lower lid
+        across the eye, and the interpolated map in between samples the eye), so the server
+        draws the lid layer above the posed upper lid and the eye layer below it."""
+        upper = _polyline(self.marks[list(upper_ids)])
+        lower = _polyline(self.marks[list(lower_ids)])
+        x, y = self.p[:, 0], self.p[:, 1]
+        yu, yl = upper(x), lower(x)
+        gap = np.clip(yl - yu, 0.0, None)
+        full = self.eye(upper_ids, lower_ids, close_upper, close_lower)[:, 1]
+        t = _smooth((y - yu) / (gap + EYE_BAND))  # 0 at the upper lid .. 1 below the eye
+        lid = np.where(y < yu, full, (1 - t) * close_upper * gap + t * full)
+        s = np.clip((y - yu) / np.maximum(gap, 1e-6), 0.0, 1.0)
+        eye = np.where(y < yu, 0.0, np.where(y > yl, full, -s * close_lower * gap))
+        zero = np.zeros_like(lid)
+        return np.stack([zero, lid], axis=1), np.stack([zero, eye], axis=1)
+
+    def narrow(self, squeeze: float) -> np.ndarray:
+        """The lips squeezed towards the mouth's centre line by `squeeze` of their
+        distance from it (the corners by squeeze * half the mouth's width), fading over
+        the cheeks beyond the corners and above and below the lips."""
+        x, y = self.p[:, 0], self.p[:, 1]
+        beyond = _smooth((np.abs(x) - self.half_width) / 0.35)
+        above = _smooth((self.outer_upper(x) - y) / 0.3)
+        below = _smooth((y - self.outer_lower(x)) / 0.3)
+        weight = (1.0 - beyond) * (1.0 - above) * (1.0 - below)
+        return np.stack([-squeeze * x * weight, np.zeros_like(x)], axis=1)
 
 
 def shape_offsets(fields: ShapeFields) -> dict[str, np.ndarray]:
@@ -275,12 +324,14 @@ def shape_offsets(fields: ShapeFields) -> dict[str, np.ndarray]:
         "jawLeft": f.jaw()[:, None] * np.array([0.2, 0.0]),
         "jawRight": f.jaw()[:, None] * np.array([-0.2, 0.0]),
         "mouthClose": -jaw * f.lower_lip_band()[:, None],
-        "mouthFunnel": f.bump(at(13), (0.35, 0.12), (0, -0.05), "upper")
-        + f.bump(at(14), (0.35, 0.15), (0, 0.10), "lower")
-        + f.bump(corner["Left"], 0.15, (-0.08, 0))
-        + f.bump(corner["Right"], 0.15, (0.08, 0)),
-        "mouthPucker": f.bump(corner["Left"], 0.2, (-0.14, 0))
-        + f.bump(corner["Right"], 0.2, (0.14, 0)),
+        # narrowed by squeezing, not by the corners alone: a corner moved on its own
+        # bunches the lip beside it and leaves the mouth as wide as the lips' middle
+        "mouthFunnel": f.narrow(0.45)
+        + f.bump(at(13), (0.12, 0.06), (0, -0.03), "upper")
+        + f.bump(at(14), (0.12, 0.06), (0, 0.04), "lower"),
+        "mouthPucker": f.narrow(0.45)
+        + f.bump(at(0), (0.2, 0.05), (0, -0.015), "upper")
+        + f.bump(at(17), (0.2, 0.05), (0, 0.02), "lower"),
         "mouthLeft": f.bump(mouth, (0.55, 0.3), (0.12, 0)),
         "mouthRight": f.bump(mouth, (0.55, 0.3), (-0.12, 0)),
         "mouthRollLower": f.bump(at(17), (0.35, 0.08), (0, -0.05), "lower"),
@@ -307,7 +358,7 @@ def shape_offsets(fields: ShapeFields) -> dict[str, np.ndarray]:
         out[f"mouthLowerDown{side}"] = f.bump(low_lip, (0.25, 0.2), (0, 0.12), "lower")
         out[f"mouthUpperUp{side}"] = f.bump(up_lip, (0.25, 0.15), (0, -0.10), "upper")
         upper, lower, iris = eyes[side]
-        out[f"eyeBlink{side}"] = f.eye(upper, lower, 0.8, 0.2)
+        out[f"eyeBlink{side}"] = f.eye(upper, lower, *BLINK)
         out[f"eyeSquint{side}"] = f.eye(upper, lower, 0.1, 0.3)
         out[f"eyeWide{side}"] = f.eye(upper, lower, -0.25, 0.0)
         pupil = at(iris)
@@ -323,6 +374,20 @@ def shape_offsets(fields: ShapeFields) -> dict[str, np.ndarray]:
     unknown = set(out) - set(ARKIT_INDEX)
     assert not unknown, f"not ARKit shapes: {sorted(unknown)}"
     return out
+
+
+def split_at_eyes(layers: np.ndarray, fields: ShapeFields, frame: FaceFrame) -> np.ndarray:
+    """The blink shapes of `layers` [2, 52, V, 3] (split_at_lips') as ShapeFields.eye_layers:
+    layer 0 the lid, layer 1 the eye; the renderer takes layer 1 below the posed upper lid
+    in the eye box. Other shapes are the same in both layers there (no fold to split)."""
+    eyes = {"Left": (lm.LEFT_EYE_UPPER, lm.LEFT_EYE_LOWER),
+            "Right": (lm.RIGHT_EYE_UPPER, lm.RIGHT_EYE_LOWER)}  # fmt: skip
+    for side, (upper, lower) in eyes.items():
+        k = ARKIT_INDEX[f"eyeBlink{side}"]
+        for layer, field in enumerate(fields.eye_layers(upper, lower, *BLINK)):
+            layers[layer, k] = 0.0
+            layers[layer, k, : len(fields.marks), :2] = frame.to_image(field[: len(fields.marks)])
+    return layers
 
 
 def split_at_lips(offsets: np.ndarray, fields: ShapeFields) -> np.ndarray:
@@ -403,7 +468,7 @@ def build_rig(photo: np.ndarray, mesh: lm.FaceMesh, size: int = SIZE) -> Rig:
     # Expressions move the face's own landmarks only: the rings around it (hair, neck,
     # collar) follow head turns, not the jaw, so the background stays the photo's
     offsets[:, len(marks) :] = 0.0
-    layer_offsets = split_at_lips(offsets, fields)
+    layer_offsets = split_at_eyes(split_at_lips(offsets, fields), fields, frame)
 
     unit = frame.unit
     pivot = np.array([
@@ -418,7 +483,16 @@ def build_rig(photo: np.ndarray, mesh: lm.FaceMesh, size: int = SIZE) -> Rig:
     high = np.ceil(lips.max(axis=0) + margin + np.array([0.0, JAW_DROP * unit]))
     x0, y0 = (np.clip(low, 0, size) // 4 * 4).astype(int)
     x1, y1 = (np.clip(high, 0, size) // 4 * 4).astype(int)
-    rest_gap = float(lm.inner_lip_gap(marks).max(initial=0.0))
+    # the widest column: a photo with parted lips keeps its own mouth at rest
+    columns = marks[list(lm.INNER_LOWER[1:-1]), :2] - marks[list(lm.INNER_UPPER[1:-1]), :2]
+    rest_gap = float(np.linalg.norm(columns, axis=-1).max())
+    eyes = marks[list(lm.RIGHT_EYE_UPPER + lm.RIGHT_EYE_LOWER + lm.LEFT_EYE_UPPER
+                      + lm.LEFT_EYE_LOWER), :2]  # fmt: skip
+    # where the lid layer differs from the face: the lids, EYE_BAND below, a head turn
+    eye_low = np.floor(eyes.min(axis=0) - np.array([0.25, 0.15]) * unit)
+    eye_high = np.ceil(eyes.max(axis=0) + np.array([0.25, EYE_BAND + 0.12]) * unit)
+    ex0, ey0 = np.clip(eye_low, 0, size).astype(int)
+    ex1, ey1 = np.clip(eye_high, 0, size).astype(int)
     return Rig(
         photo=crop,
         vertices=vertices,
@@ -429,5 +503,6 @@ def build_rig(photo: np.ndarray, mesh: lm.FaceMesh, size: int = SIZE) -> Rig:
         pivot=pivot,
         unit=unit,
         mouth_box=(int(x0), int(y0), int(x1), int(y1)),
+        eye_box=(int(ex0), int(ey0), int(ex1), int(ey1)),
         rest_gap=rest_gap,
     )

@@ -4,6 +4,8 @@
 //   vertices = rest + sum_k w_k * offset_k, turned about the pivot by each vertex's rigidity
 //   the mesh drawn forward, textured with the photo at the rest positions
 //   the mouth interior painted between the inner lips (_paint_mouth, same formulas)
+// A blink needs no lid layer here (_cover_eyes): drawn forward, the squeezed eye's
+// triangles shrink to nothing under the lid.
 // Coordinates are pixels of the S x S photo, x right, y down, pixel centres at integers.
 "use strict";
 
@@ -40,9 +42,11 @@ window.Portrait = (() => {
     precision highp float;
     uniform vec2 uUpper[11];
     uniform vec2 uLower[11];
-    uniform float uSize, uRestGap, uTeeth;
-    uniform vec3 uCavity, uTeethColor, uTongue;
+    uniform float uRestGaps[11];  // the photo's opening per column of the inner lips
+    uniform float uSize, uTeeth;
+    uniform vec3 uCavity, uTeethColor, uTongue, uGum;
     vec2 start, along, across;
+    const float TOOTH_SLOPE = 2.33, TOOTH_CURVE = 3.33, LOWER_TEETH = 1.35;  // as there
 
     vec2 toFrame(vec2 p) { vec2 r = p - start; return vec2(dot(r, along), dot(r, across)); }
     // one segment's share of networks.portrait._interp (a sum of clamped ramps)
@@ -51,6 +55,15 @@ window.Portrait = (() => {
       return min(max(a - p.x, 0.0), seg) * (q.y - p.y) / seg;
     }
     float sq(float x) { return x * x; }
+    // networks.portrait._seam: 1 between two teeth, 0 in a tooth's middle
+    float seamOf(float tooth) { return 0.5 + 0.5 * cos(6.283185307179586 * tooth); }
+    // networks.portrait._teeth: (coverage, shade) of one row of teeth
+    vec2 teethRow(float seam, float len, float fromLip, float light) {
+      float seam2 = seam * seam, seam8 = sq(sq(seam2));
+      float body = clamp(len * (1.0 - 0.2 * seam2) - fromLip + 0.5, 0.0, 1.0);
+      float shadow = 0.72 + 0.28 * clamp(fromLip / (0.5 * len + 1.0), 0.0, 1.0);
+      return vec2(body, light * shadow * (1.0 - 0.1 * seam - 0.35 * seam8));
+    }
 
     void main() {
       vec2 pixel = vec2(gl_FragCoord.x - 0.5, uSize - gl_FragCoord.y - 0.5);
@@ -62,30 +75,41 @@ window.Portrait = (() => {
       vec2 ab = toFrame(pixel);
       float a = ab.x, b = ab.y;
       vec2 u0 = toFrame(uUpper[0]), l0 = toFrame(uLower[0]);
-      float bUp = u0.y, bLow = l0.y;
+      float bUp = u0.y, bLow = l0.y, rest = uRestGaps[0];
       for (int k = 1; k < 11; k++) {
         vec2 u1 = toFrame(uUpper[k]), l1 = toFrame(uLower[k]);
         bUp += ramp(a, u0, u1);
         bLow += ramp(a, l0, l1);
+        rest += ramp(a, vec2(u0.x, uRestGaps[k - 1]), vec2(u1.x, uRestGaps[k]));
         u0 = u1;
         l0 = l1;
       }
       float gap = bLow - bUp;
-      float opened = clamp((gap - uRestGap - 0.5) / 1.5, 0.0, 1.0);
-      float inside = clamp(b - bUp + 0.5, 0.0, 1.0) * clamp(bLow - b + 0.5, 0.0, 1.0) * opened;
+      float keep = rest / 2.0;  // the photo's own interior next to each lip
+      float opened = clamp((gap - rest - 0.5) / 1.5, 0.0, 1.0);
+      float inside = clamp(b - bUp - keep + 0.5, 0.0, 1.0) * clamp(bLow - keep - b + 0.5, 0.0, 1.0) * opened;
       if (inside <= 0.0) discard;
       float depth = clamp((b - bUp) / max(gap, 1.0), 0.0, 1.0);
       float centre = a - width / 2.0;
       float lateral = clamp((0.36 * width - abs(centre)) / 2.0 + 0.5, 0.0, 1.0);
-      float upperTeeth = clamp(min(0.45 * gap, uTeeth) - (b - bUp) + 0.5, 0.0, 1.0);
-      float lowerTeeth = clamp(min(0.25 * gap, 0.6 * uTeeth) - (bLow - b) + 0.5, 0.0, 1.0);
-      float teeth = max(upperTeeth, lowerTeeth) * lateral;
       float tongueY = (b - (bLow - 0.2 * gap)) / max(0.35 * gap, 1.0);
       float tongue = clamp(4.0 * (1.0 - sq(centre / (0.32 * width)) - sq(tongueY)), 0.0, 1.0);
       vec3 color = uCavity * (0.55 + 0.9 * abs(depth - 0.5));
       color += (uTongue - color) * tongue;
-      vec3 teethColor = uTeethColor * max(1.0 - 0.35 * sq(centre / (0.4 * width)), 0.5);
-      color += (teethColor - color) * teeth;
+      // the teeth template: gaps, rounded tips, the lips' shadow, darker to the sides
+      float x = abs(centre) / (width / 2.0);
+      float tooth = x * (TOOTH_SLOPE + TOOTH_CURVE * x);
+      float side = max(1.0 - 0.35 * sq(centre / (0.4 * width)), 0.5);
+      float seam = seamOf(tooth);
+      float gum = clamp(0.5 * (0.45 * gap - uTeeth), 0.0, 0.3 * uTeeth) * clamp(1.0 - keep, 0.0, 1.0);
+      float down = b - bUp - keep;
+      vec2 upper = teethRow(seam, max(min(0.45 * gap, uTeeth) - keep, 0.0), down - gum, side);
+      color += (uTeethColor * upper.y - color) * upper.x * lateral;
+      vec2 lower = teethRow(seamOf(LOWER_TEETH * tooth), max(min(0.25 * gap, 0.6 * uTeeth) - keep, 0.0),
+                            bLow - keep - b, 0.78 * side);
+      color += (uTeethColor * lower.y - color) * lower.x * lateral;
+      float gums = clamp(gum * (1.0 + 0.6 * seam * seam) - down + 0.5, 0.0, 1.0);
+      color += (uGum * side - color) * gums * lateral;
       gl_FragColor = vec4(color, inside);  // blended over the photo by 'inside'
     }`;
 
@@ -198,11 +222,17 @@ window.Portrait = (() => {
     gl.useProgram(mouth.made);
     const m = rig.mouth, rgb = (name) => m.colors[name].map((c) => c / 255);
     gl.uniform1f(mouth.uniform("uSize"), size);
-    gl.uniform1f(mouth.uniform("uRestGap"), m.rest_gap);
+    // networks.portrait: the rest vertices' distance per column of the inner lips
+    const restGaps = m.upper.map((u, i) => {
+      const l = m.lower[i];
+      return Math.hypot(rig.vertices[3 * l] - rig.vertices[3 * u], rig.vertices[3 * l + 1] - rig.vertices[3 * u + 1]);
+    });
+    gl.uniform1fv(mouth.uniform("uRestGaps"), restGaps);
     gl.uniform1f(mouth.uniform("uTeeth"), m.teeth);
     gl.uniform3fv(mouth.uniform("uCavity"), rgb("cavity"));
     gl.uniform3fv(mouth.uniform("uTeethColor"), rgb("teeth"));
     gl.uniform3fv(mouth.uniform("uTongue"), rgb("tongue"));
+    gl.uniform3fv(mouth.uniform("uGum"), rgb("gum"));
     const lipUniforms = [mouth.uniform("uUpper"), mouth.uniform("uLower")];
     const lips = [new Float32Array(22), new Float32Array(22)];
 

@@ -48,9 +48,10 @@ ARKIT_APPROXIMATIONS = {
     "jawForward": "a small drop of the jaw (a 2D photo has no depth to push)",
     "jawLeft/Right": "the jaw field moved sideways",
     "mouthClose": "the lower-lip band moves back up by the jaw's drop (lips meet, jaw open)",
-    "mouthFunnel": "the lips squeezed towards the centre (mouth 45 % narrower) and parted "
-    "round in the middle; the jaw stays",
-    "mouthPucker": "the lips squeezed towards the centre (mouth 45 % narrower), closed and fuller",
+    "mouthFunnel": "the lips squeezed towards the centre by 45 % of their distance to it, "
+    "parted round in the middle; the jaw stays",
+    "mouthPucker": "the lips squeezed towards the centre by 33 % of their distance to it, "
+    "closed and fuller",
     "mouthLeft/Right": "the mouth region shifted sideways",
     "mouthSmile*": "corner up and out, cheek up",
     "mouthFrown*": "corner down",
@@ -329,7 +330,7 @@ def shape_offsets(fields: ShapeFields) -> dict[str, np.ndarray]:
         "mouthFunnel": f.narrow(0.45)
         + f.bump(at(13), (0.12, 0.06), (0, -0.03), "upper")
         + f.bump(at(14), (0.12, 0.06), (0, 0.04), "lower"),
-        "mouthPucker": f.narrow(0.45)
+        "mouthPucker": f.narrow(0.33)
         + f.bump(at(0), (0.2, 0.05), (0, -0.015), "upper")
         + f.bump(at(17), (0.2, 0.05), (0, 0.02), "lower"),
         "mouthLeft": f.bump(mouth, (0.55, 0.3), (0.12, 0)),

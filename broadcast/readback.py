@@ -73,16 +73,19 @@ class Readback:
     fps_hint: float = 25.0
     open_timeout_s: float = 15.0
     idle_timeout_s: float = 3.0  # no packet for this long: the stream has ended
-    frames: list[ReceivedFrame] = field(default_factory=list, repr=False)
-    audio: list[ReceivedAudio] = field(default_factory=list, repr=False)
-    sample_rate: int = 0
-    _envelope: list[np.ndarray] = field(default_factory=list, repr=False)
-    _envelope_start_s: float | None = None
-    _carry: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32), repr=False)
-    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
-    opened: threading.Event = field(default_factory=threading.Event, repr=False)
-    opened_at: float | None = None
-    error: BaseException | None = None
+    # What arrived (filled by `run`)
+    frames: list[ReceivedFrame] = field(default_factory=list, init=False, repr=False)
+    audio: list[ReceivedAudio] = field(default_factory=list, init=False, repr=False)
+    sample_rate: int = field(default=0, init=False)
+    opened: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
+    opened_at: float | None = field(default=None, init=False)
+    error: BaseException | None = field(default=None, init=False)
+    _envelope: list[np.ndarray] = field(default_factory=list, init=False, repr=False)
+    _envelope_start_s: float | None = field(default=None, init=False, repr=False)
+    _carry: np.ndarray = field(
+        default_factory=lambda: np.zeros(0, np.float32), init=False, repr=False
+    )
+    _stop: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
 
     def stop(self) -> None:
         self._stop.set()

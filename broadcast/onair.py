@@ -39,7 +39,7 @@ from broadcast.output import (
     redact,
 )
 from broadcast.server import broadcast_app, stats_json
-from broadcast.show import Show
+from broadcast.show import RENDER_TICKS, QuestionRecord, Show, mark_of
 from gateway.triton_client import TritonAccess
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,10 @@ class BroadcastSettings:
     max_tokens: int = 0  # 0: the avatar model's default reply length
     persona: str = ""
     seed: int = 0
-    queue_ticks: int = 8  # how far the show renders ahead of the air (ticks)
+    # how far the show renders ahead of the air: what absorbs the CPU burst of a question
+    # (the LLM's first sentence and the voices start while frames render); on 2 shared
+    # cores 8 ticks (0.32 s) underflowed at each question, 25 did not (docs/broadcast.md)
+    ahead_s: float = 1.0
 
 
 def add_broadcast_arguments(parser: argparse.ArgumentParser) -> None:
@@ -101,6 +104,13 @@ def add_broadcast_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-tokens", type=int, default=0, help="reply length (0: the model's default)"
     )
+    parser.add_argument(
+        "--ahead-s",
+        type=float,
+        default=defaults.ahead_s,
+        help="how far frames are rendered ahead of the air: more absorbs CPU bursts, less "
+        "answers sooner",
+    )
     parser.add_argument("--seed", type=int, default=0)
 
 
@@ -115,6 +125,7 @@ def settings_from_args(args: argparse.Namespace) -> BroadcastSettings:
         preview_port=args.preview_port,
         max_tokens=args.max_tokens,
         seed=args.seed,
+        ahead_s=args.ahead_s,
     )
 
 
@@ -189,8 +200,9 @@ class Broadcast:
             raise BroadcastError(
                 f"{error}: is the RTMP/SRT server running and the URL (and stream key) right?"
             ) from None
-        self.paced = PacedOutput(output, queue_ticks=self.settings.queue_ticks)
-        stack.push_callback(self.paced.close)
+        ahead = max(RENDER_TICKS, round(self.settings.ahead_s * self.format.fps))
+        self.paced = PacedOutput(output, queue_ticks=ahead)
+        stack.push_async_callback(asyncio.to_thread, _close_output, self.paced)
         self.show = Show(
             anchor,
             self.queue,
@@ -200,13 +212,16 @@ class Broadcast:
             height=self.format.height,
             sample_rate=self.format.sample_rate,
             seed=self.settings.seed,
+            prefill_ticks=ahead // RENDER_TICKS * RENDER_TICKS // 2 or RENDER_TICKS,
+            low_water_ticks=ahead // 2,
         )
         if self.settings.preview_port:
             await self._serve(preview_dir)
         if self.irc is not None:
             chat = IrcChat(self.irc, read_secret(PASSWORD_ENV))
-            task = asyncio.create_task(chat.run(self.queue.offer), name="irc")
-            stack.push_callback(task.cancel)
+            reading = chat.run(self.queue.offer, self.queue.withdraw_viewer)
+            task = asyncio.create_task(reading, name="irc")
+            stack.callback(task.cancel)
         self.started_at = time.monotonic()
 
     async def _serve(self, preview_dir: Path | None) -> None:
@@ -234,7 +249,7 @@ class Broadcast:
         out: dict[str, Any] = {"ticks": 0, "last_tick_at": None}
         if self.show is not None:
             out.update(self.show.stats())
-            out["records"] = [r.to_json() for r in self.show.records[-20:]]
+            out["records"] = [self._record_json(r) for r in self.show.records[-20:]]
         if self.paced is not None:
             paced = stats_json(self.paced.stats)
             out["output"] = paced
@@ -242,6 +257,15 @@ class Broadcast:
             written = self.paced.output.times(self.paced.output.tick - 1)
             out["last_tick_at"] = written.written if written else None
         out["pending_questions"] = len(self.queue.pending())
+        return out
+
+    def _record_json(self, record: QuestionRecord) -> dict[str, Any]:
+        """A question's record with the output's times of its first ticks (when each was
+        written to the encoder and its packets came out: monotonic, like the record's)."""
+        out = record.to_json()
+        for kind in ("attribution", "answer"):
+            times = self.paced.mark_times(mark_of(record.id, kind)) if self.paced else None
+            out[f"{kind}_output"] = dataclasses.asdict(times) if times else None
         return out
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -278,6 +302,14 @@ class Broadcast:
 
     async def close(self) -> None:
         await self._stack.aclose()
+
+
+def _close_output(paced: PacedOutput) -> None:
+    """Finish the stream: what is queued is written (a started output), the encoders flushed."""
+    if paced.clock.started:
+        paced.close()
+    else:  # it failed before its first ticks: nothing to drain
+        paced.output.close()
 
 
 async def on_air(

@@ -26,6 +26,7 @@ class Segment:
     blendshapes: np.ndarray
     caption: Caption | None = None
     text: str = ""
+    mark: str | None = None  # names its first tick in the output (PacedOutput.mark_times)
 
     @property
     def frames(self) -> int:

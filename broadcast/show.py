@@ -36,6 +36,7 @@ from gateway.triton_client import TurnCall, TurnError
 log = logging.getLogger(__name__)
 
 RENDER_TICKS = 5  # ticks rendered per request: 0.2 s at 25 fps
+WARM_UP_BATCHES = 3
 CAPTION_HOLD_S = 1.5  # the caption stays up this long after the answer's last word
 ANSWER_IDLE_TIMEOUT_S = 60.0  # a turn that sends nothing this long is given up
 PAUSE_AFTER_ANSWER_S = 0.6  # breath between one answer and the next question
@@ -44,9 +45,14 @@ SMILE = 0.55
 
 class Output(Protocol):
     """Where ticks go (broadcast.output.PacedOutput): `start` starts its clock at tick 0,
-    `put_async` waits for room in its small queue; a `mark` names a tick for `mark_times`."""
+    `put_async` waits for room in its small queue; a `mark` names a tick for `mark_times`.
+    A tick due with nothing queued repeats the last frame (an underflow): the output's tick
+    numbers then run ahead of the show's."""
 
     def start(self) -> None: ...
+
+    @property
+    def stats(self) -> Any: ...  # PacedStats: .underflows
 
     async def put_async(
         self, frame: np.ndarray, audio: np.ndarray, mark: str | None = None
@@ -92,7 +98,11 @@ class Show:
         height: int = 512,
         sample_rate: int = 48000,
         seed: int = 0,
+        prefill_ticks: int = RENDER_TICKS,
+        low_water_ticks: int = 0,
     ) -> None:
+        """`prefill_ticks`: rendered before the output's clock starts (at most its queue);
+        `low_water_ticks`: with fewer ticks queued, every other frame is rendered."""
         self.anchor, self.queue, self.output = anchor, queue, output
         self.fps, self.width, self.height, self.sample_rate = fps, width, height, sample_rate
         self.samples_per_frame = round(sample_rate / fps)
@@ -102,11 +112,14 @@ class Show:
         self.life = Life(fps, seed)
         self.blend = Blend(fps)
         self.tick = 0  # the next tick to render
+        self.prefill_ticks, self.low_water_ticks = prefill_ticks, low_water_ticks
+        self.thinned_batches = 0  # batches drawn at half the render cost (low water)
         self.records: list[QuestionRecord] = []
         self.render_s: list[float] = []  # seconds per rendered batch
         self._caption: Caption | None = None
         self._caption_until: int | None = None  # tick the caption comes down at
         self._aired: dict[int, asyncio.Event] = {}  # question id -> its last segment handed on
+        self._marked: set[tuple[int, str]] = set()  # (question, kind) whose first tick is marked
 
     # the host: questions in, speech out
     async def host(self) -> None:
@@ -192,29 +205,58 @@ class Show:
         )
         if smile:
             shapes = with_smile(Pose(shapes, np.zeros((len(shapes), 3))), smile).blendshapes
-        segment = Segment(question_id, kind, audio, shapes, caption, text)
+        # the first segment of each kind of a question names its first tick in the output
+        mark = None
+        if (question_id, kind) not in self._marked:
+            self._marked.add((question_id, kind))
+            mark = mark_of(question_id, kind)
+        segment = Segment(question_id, kind, audio, shapes, caption, text, mark)
         self.programme.add(segment)
         return segment
 
     # the renderer: ticks out
     async def render(self) -> None:
         """Render and hand on ticks forever (until cancelled); the output's queue paces it.
-        The output's clock starts once the first ticks wait in its queue."""
-        await self.render_ticks(RENDER_TICKS)
+        The output's clock starts once the renderer is warm (its first requests of a batch
+        size are slow) and the first ticks wait in its queue."""
+        for _ in range(WARM_UP_BATCHES):
+            life = self.life.frames(0, RENDER_TICKS)
+            await self.anchor.render(life.blendshapes, life.head_pose)
+        while self.tick < self.prefill_ticks:
+            await self.render_ticks(RENDER_TICKS)
         self.output.start()
+        underflows = 0
         while True:
             await self.render_ticks(RENDER_TICKS)
+            now = self.output.stats.underflows
+            if now > underflows:  # the air got ahead of the renderer: frames were repeated
+                log.warning(
+                    "output underflow: %d ticks repeated before tick %d (render %.0f ms for %d)",
+                    now - underflows,
+                    self.tick,
+                    self.render_s[-1] * 1000,
+                    RENDER_TICKS,
+                )
+                underflows = now
 
     async def render_ticks(self, count: int) -> None:
         first = self.tick
         take = self.programme.take(count)
         pose = self.blend.mix(self.life.frames(first, count), take.blendshapes, take.speaking)
         started = time.monotonic()
-        frames = await self.anchor.render(pose.blendshapes, pose.head_pose)
+        if self.output.stats.queued < self.low_water_ticks:
+            # behind the air (the CPU is busy with an answer): render every other tick and
+            # draw the ones between as the mean of their neighbours, until the queue refills
+            rows = sorted({*range(0, count, 2), count - 1})
+            drawn = await self.anchor.render(pose.blendshapes[rows], pose.head_pose[rows])
+            frames = between_frames(drawn, rows, count)
+            self.thinned_batches += 1
+        else:
+            frames = await self.anchor.render(pose.blendshapes, pose.head_pose)
         self.render_s.append(time.monotonic() - started)
         frames = fit_frames(frames, self.width, self.height)
         captions = self._captions(first, count, take)
-        marks = {offset: mark_of(s.question_id, s.kind) for offset, s in take.started}
+        marks = {offset: s.mark for offset, s in take.started if s.mark}
         for offset, (rendered, caption) in enumerate(zip(frames, captions, strict=True)):
             frame = caption.over(rendered) if caption is not None else rendered
             await self.output.put_async(frame, take.audio[offset], marks.get(offset))
@@ -277,6 +319,7 @@ class Show:
             "questions": len(self.records),
             "answering": bool(self._aired),
             "queued_speech_s": round(self.programme.queued_frames() / self.fps, 2),
+            "thinned_batches": self.thinned_batches,
             "render_ms_per_frame_p50": round(float(np.median(render)) * 1000 / RENDER_TICKS, 1),
         }
 
@@ -296,6 +339,16 @@ def mark_of(question_id: int, kind: str) -> str:
     """The output's mark on the first tick of a question's segment of `kind`
     (broadcast.output.PacedOutput.mark_times)."""
     return f"question-{question_id}-{kind}"
+
+
+def between_frames(drawn: np.ndarray, rows: list[int], count: int) -> np.ndarray:
+    """`count` frames from `drawn` [len(rows), H, W, 3] at offsets `rows` (the first and last
+    among them, no two missing in a row): a missing frame is the mean of its neighbours."""
+    frames = np.empty((count, *drawn.shape[1:]), np.uint8)
+    frames[rows] = drawn
+    for i in sorted(set(range(count)) - set(rows)):
+        frames[i] = ((frames[i - 1].astype(np.uint16) + frames[i + 1]) // 2).astype(np.uint8)
+    return frames
 
 
 def fit_frames(frames: np.ndarray, width: int, height: int) -> np.ndarray:

@@ -20,6 +20,7 @@
   says       own name, the user's facts and the documents' facts stated (dev / test)
   turn-cost  CPU-seconds per spoken turn by stage, queue time per model -> build/perf/turn_cost/
   gpu-stages  each network on a GPU, alone and as Triton models chained by BLS via DLPack
+  broadcast  on air through nginx-rtmp: chat posted -> answer heard, frame rate, CPU per stream
 
 Against a running server (`--url`), or an embedded server it starts itself. Results are
 CSV + JSON (with the machine's load average: the project machines share 2 cores, so the
@@ -177,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         asr_server,
         asr_tiny,
         asr_windows,
+        broadcast,
         capacity,
         endpointing,
         failover,
@@ -238,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     turn_cost.add_arguments(
         sub.add_parser("turn-cost", help="CPU-seconds per turn by stage, queue ms per model")
+    )
+    broadcast.add_arguments(
+        sub.add_parser("broadcast", help="on air: chat posted -> answer heard, frames, CPU")
     )
 
     args = parser.parse_args(argv)

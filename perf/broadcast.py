@@ -1,0 +1,334 @@
+"""`python -m perf broadcast`: the anchor on air, measured as a viewer gets it.
+
+A rehearsal runs the real command (`python -m broadcast`) against Triton and a real
+nginx-rtmp server, posts chat questions to its HTTP input at set times, plays the stream
+back from the server while it is live (broadcast.readback) and reports:
+
+- chat message posted -> the anchor's first audio in the received stream (its naming of the
+  question: "Ada asks: ...") and -> the answer's first word, p50/p95 over the questions,
+  split into the show (queue, speech, rendering ahead), the encoder's buffering (tick written
+  -> its AAC packet out) and the server's (packet out -> received by the player);
+- frame rate held: the output's underflows and late ticks, the received frame gaps, frozen
+  frames, the A/V offset;
+- CPU per broadcast stream: the broadcast process (render calls, captions, encoding) and
+  tritonserver with its python-backend models (the renderer, and the answers' models) per
+  wall second.
+
+tests/test_broadcast.py runs the same rehearsal and asserts on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from broadcast.captions import BAND_SHARE
+from broadcast.readback import Readback
+from evals.report import DEFAULT_OUT
+from perf.turn_cost import _cpu_s, process_cpu
+
+log = logging.getLogger(__name__)
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = DEFAULT_OUT / "broadcast"
+QUESTIONS = (
+    ("Ada", "What is your favourite colour?"),
+    ("Bo", "Tell me about the moon."),
+    ("Cy", "What do you like to read?"),
+    ("Dee", "How do computers learn?"),
+    ("Eli", "Why is the sky blue?"),
+    ("Fay", "What is a good breakfast?"),
+)
+BRIGHT_LUMA = 180  # caption text is white; the uniform under the band is dark
+
+
+def caption_probe(luma: np.ndarray) -> float:
+    """The share of bright pixels in the left quarter of the caption band: the question's
+    white text is there while a caption is up, the portrait's dark uniform when not."""
+    height, width = luma.shape
+    band = luma[height - round(height * BAND_SHARE) :, : width // 4]
+    return float((band > BRIGHT_LUMA).mean())
+
+
+@dataclasses.dataclass(frozen=True)
+class Question:
+    at_s: float  # after the stream starts
+    viewer: str
+    text: str
+
+
+def schedule(count: int, first_s: float, every_s: float) -> list[Question]:
+    return [Question(first_s + i * every_s, *QUESTIONS[i % len(QUESTIONS)]) for i in range(count)]
+
+
+def _post(base: str, question: Question, key: str | None) -> dict[str, Any]:
+    body = json.dumps({"viewer": question.viewer, "text": question.text}).encode()
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    request = urllib.request.Request(f"{base}/chat/messages", body, headers, method="POST")
+    with urllib.request.urlopen(request, timeout=10) as reply:
+        return json.loads(reply.read())
+
+
+def _health(base: str) -> tuple[int, dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(f"{base}/health", timeout=5) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read() or b"{}")
+
+
+def _free_port() -> int:
+    from serving.server import free_port
+
+    return free_port()
+
+
+@contextlib.contextmanager
+def broadcast_process(
+    triton_url: str, rtmp_url: str, *, face: str, max_tokens: int, port: int, log_path: Path
+) -> Iterator[subprocess.Popen]:
+    """`python -m broadcast` as a child, stopped (SIGINT, as Ctrl-C) on exit."""
+    command = [sys.executable, "-m", "broadcast", "--triton-url", triton_url, "--url", rtmp_url]
+    command += ["--face", face, "--preview-port", str(port), "--max-tokens", str(max_tokens)]
+    with log_path.open("wb") as out:
+        process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.send_signal(2)
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def _wait_on_air(base: str, process: subprocess.Popen, log_path: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"python -m broadcast exited:\n{log_path.read_text()[-3000:]}")
+        with contextlib.suppress(OSError):
+            status, _ = _health(base)
+            if status == 200:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"the broadcast was not on air in {timeout_s} s:\n{log_path.read_text()}")
+
+
+def rehearse(
+    triton_url: str,
+    rtmp_url: str,
+    questions: Sequence[Question],
+    seconds: float,
+    *,
+    player_ready: Callable[[], bool],
+    triton_pid: int | None = None,
+    face: str = "portrait",
+    max_tokens: int = 32,
+    work_dir: Path,
+) -> dict[str, Any]:
+    """One broadcast of `seconds` with `questions` posted at their times; the figures (see
+    the module's docstring) and the raw material the test checks."""
+    fps = 25
+    readback = Readback(rtmp_url, probe=caption_probe, fps_hint=fps)
+    reader = threading.Thread(target=readback.run, kwargs={"seconds": seconds + 60})
+    reader.start()
+    deadline = time.monotonic() + 10
+    while not player_ready():
+        if time.monotonic() > deadline:
+            raise RuntimeError("the read-back never subscribed to the stream")
+        time.sleep(0.05)
+    port, log_path = _free_port(), work_dir / "broadcast.log"
+    base = f"http://127.0.0.1:{port}"
+    key = os.environ.get("AVATAR_GATEWAY_KEY")
+    with broadcast_process(
+        triton_url, rtmp_url, face=face, max_tokens=max_tokens, port=port, log_path=log_path
+    ) as process:
+        _wait_on_air(base, process, log_path, timeout_s=60)
+        started = time.monotonic()
+        cpu_show, cpu_triton = _cpu_s(process.pid), _triton_cpu(triton_pid)
+        posted: dict[int, float] = {}
+        for question in questions:
+            time.sleep(max(0.0, started + question.at_s - time.monotonic()))
+            sent_at = time.monotonic()
+            verdict = _post(base, question, key)
+            if verdict.get("question_id") is not None and verdict.get("accepted"):
+                posted[verdict["question_id"]] = sent_at
+            log.info("posted %r: %s", question.text, verdict.get("reason"))
+        time.sleep(max(0.0, started + seconds - time.monotonic()))
+        wall = time.monotonic() - started
+        cpu = {
+            "broadcast_process": (_cpu_s(process.pid) - cpu_show) / wall,
+            **{
+                name: (value - cpu_triton.get(name, 0.0)) / wall
+                for name, value in _triton_cpu(triton_pid).items()
+            },
+        }
+        _, status = _health(base)
+    reader.join(timeout=30)
+    if process.returncode not in (0, None):
+        raise RuntimeError(f"python -m broadcast failed:\n{log_path.read_text()[-3000:]}")
+    return {
+        "seconds": round(wall, 1),
+        "status": status,
+        "cpu_per_s": {k: round(v, 3) for k, v in cpu.items()},
+        "questions": _question_figures(status, posted, readback, fps),
+        "readback": readback,
+        "log": log_path.read_text(),
+    }
+
+
+def _triton_cpu(pid: int | None) -> dict[str, float]:
+    """CPU-seconds so far of tritonserver and of each python-backend model (by name)."""
+    if pid is None:
+        return {}
+    cpu = process_cpu(pid, None)
+    return {**cpu, "triton_total": sum(cpu.values())}
+
+
+def _question_figures(
+    status: dict[str, Any], posted: dict[int, float], readback: Readback, fps: int
+) -> list[dict[str, Any]]:
+    """Per question: when it was posted, and when its attribution's and answer's first audio
+    reached the player, with the encoder's and the server's parts."""
+    out = []
+    for record in status.get("records", []):
+        figures: dict[str, Any] = {"id": record["id"], "text": record["text"]}
+        sent = posted.get(record["id"])
+        for kind in ("attribution", "answer"):
+            times = record.get(f"{kind}_output")  # the output's tick (after any underflow)
+            if times is None or sent is None:
+                figures[kind] = None
+                continue
+            tick = times["tick"]
+            heard = readback.audio_onset(tick / fps)
+            received = readback.audio_received_at(heard) if heard is not None else None
+            figures[kind] = {
+                "tick": tick,
+                "heard_media_s": heard,
+                "posted_to_heard_s": None if received is None else round(received - sent, 3),
+                "posted_to_written_s": round(times["written"] - sent, 3),
+                "encoder_ms": _ms(times.get("audio_out"), times["written"]),
+                "server_ms": _ms(received, times.get("audio_out")),
+            }
+        out.append(figures)
+    return out
+
+
+def _ms(later: float | None, earlier: float | None) -> float | None:
+    return None if later is None or earlier is None else round((later - earlier) * 1000, 1)
+
+
+def summary(rehearsal: dict[str, Any]) -> dict[str, Any]:
+    """The figures users read: p50/p95 of the latencies, the frame rate held, CPU."""
+    report = rehearsal["readback"].report()
+    output = rehearsal["status"].get("output", {})
+    out: dict[str, Any] = {
+        "questions": len(rehearsal["questions"]),
+        "received": dataclasses.asdict(report),
+        "underflows": output.get("underflows"),
+        "late_ticks": output.get("late_ticks"),
+        "ticks": output.get("ticks"),
+        "cpu_per_s": rehearsal["cpu_per_s"],
+    }
+    for kind in ("attribution", "answer"):
+        for field in ("posted_to_heard_s", "posted_to_written_s", "encoder_ms", "server_ms"):
+            values = [
+                q[kind][field]
+                for q in rehearsal["questions"]
+                if q.get(kind) and q[kind][field] is not None
+            ]
+            if values:
+                out[f"{kind}_{field}"] = {
+                    "p50": round(float(np.percentile(values, 50)), 3),
+                    "p95": round(float(np.percentile(values, 95)), 3),
+                    "n": len(values),
+                }
+    return out
+
+
+def _rtmp_server() -> contextlib.AbstractContextManager:
+    """The tests' real nginx-rtmp (tests/rtmp_server.py), for a rehearsal on this machine."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from rtmp_server import running_rtmp_server  # the tests' helper, not a package module
+
+    return running_rtmp_server()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", help="a running Triton's gRPC address (default: embedded)")
+    parser.add_argument("--triton-pid", type=int, help="its pid, for its CPU figures")
+    parser.add_argument("--questions", type=int, default=6)
+    parser.add_argument("--every", type=float, default=20.0, help="seconds between questions")
+    parser.add_argument("--seconds", type=float, help="default: the questions' span + 25 s")
+    parser.add_argument("--face", choices=("portrait", "cartoon"), default="portrait")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.set_defaults(func=command)
+
+
+def command(args: argparse.Namespace) -> int:
+    from perf.harness import serve
+
+    questions = schedule(args.questions, 5.0, args.every)
+    seconds = args.seconds or questions[-1].at_s + 25.0
+    args.out.mkdir(parents=True, exist_ok=True)
+    with serve(args.url) as target, _rtmp_server() as rtmp:
+        server = target.server
+        pid = args.triton_pid or (server.pid if server is not None else None)
+        rehearsal = rehearse(
+            target.grpc_url,
+            rtmp.url("anchor"),
+            questions,
+            seconds,
+            player_ready=lambda: "play: name=" in rtmp.error_log(),
+            triton_pid=pid,
+            face=args.face,
+            max_tokens=args.max_tokens,
+            work_dir=args.out,
+        )
+    figures = summary(rehearsal)
+    figures["per_question"] = rehearsal["questions"]
+    figures["load_average"] = os.getloadavg()
+    (args.out / "broadcast.json").write_text(json.dumps(figures, indent=2, default=str))
+    _print(figures)
+    return 0
+
+
+def _print(figures: dict[str, Any]) -> None:
+    print(f"questions: {figures['questions']}")
+    for kind, name in (("attribution", "first audio (names the question)"), ("answer", "answer")):
+        for field, label in (
+            ("posted_to_heard_s", "posted -> heard by the player (s)"),
+            ("posted_to_written_s", "posted -> written to the encoder (s)"),
+            ("encoder_ms", "encoder buffering (ms)"),
+            ("server_ms", "server + network buffering (ms)"),
+        ):
+            value = figures.get(f"{kind}_{field}")
+            if value:
+                print(f"{name:34s} {label:40s} p50 {value['p50']:8.3f}  p95 {value['p95']:8.3f}")
+    received = figures["received"]
+    print(
+        f"frames {received['frames']} at {received['fps']} fps; largest gap "
+        f"{received['max_frame_gap_intervals']} intervals; longest frozen run "
+        f"{received['longest_frozen_run']}; A/V offset max {received['av_offset_max_ms']} ms; "
+        f"underflows {figures['underflows']} of {figures['ticks']} ticks"
+    )
+    print("CPU per wall second: " + json.dumps(figures["cpu_per_s"]))

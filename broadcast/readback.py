@@ -112,7 +112,12 @@ class Readback:
             # A live stream that stops publishing ends in a read timeout: not a failure
             # unless the figures show missing media.
             self.error = error
-            log.info("read-back of %s ended: %s", redact(self.url), error)
+            why = (
+                f"no packet for {self.idle_timeout_s} s"
+                if isinstance(error, av.ExitError)
+                else error
+            )
+            log.info("read-back of %s ended: %s", redact(self.url), why)
         finally:
             container.close()
 

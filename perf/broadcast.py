@@ -29,6 +29,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -51,7 +52,13 @@ QUESTIONS = (
     ("Dee", "How do computers learn?"),
     ("Eli", "Why is the sky blue?"),
     ("Fay", "What is a good breakfast?"),
-)
+    ("Gus", "Can you sing a song?"),
+    ("Hal", "What makes a good teacher?"),
+    ("Ivy", "Where would you travel next?"),
+    ("Jo", "How do bees make honey?"),
+    ("Kai", "What is your favourite film?"),
+    ("Lu", "How tall is the tallest tree?"),
+)  # distinct: the queue refuses a question answered in the last 10 minutes
 BRIGHT_LUMA = 180  # caption text is white; the uniform under the band is dark
 
 
@@ -80,8 +87,11 @@ def _post(base: str, question: Question, key: str | None) -> dict[str, Any]:
     if key:
         headers["Authorization"] = f"Bearer {key}"
     request = urllib.request.Request(f"{base}/chat/messages", body, headers, method="POST")
-    with urllib.request.urlopen(request, timeout=10) as reply:
-        return json.loads(reply.read())
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return json.loads(reply.read())
+    except urllib.error.HTTPError as refused:  # a verdict of the queue's moderation
+        return json.loads(refused.read() or b"{}")
 
 
 def _health(base: str) -> tuple[int, dict[str, Any]]:
@@ -100,11 +110,19 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def broadcast_process(
-    triton_url: str, rtmp_url: str, *, face: str, max_tokens: int, port: int, log_path: Path
+    triton_url: str,
+    rtmp_url: str,
+    *,
+    face: str,
+    max_tokens: int,
+    ahead_s: float,
+    port: int,
+    log_path: Path,
 ) -> Iterator[subprocess.Popen]:
     """`python -m broadcast` as a child, stopped (SIGINT, as Ctrl-C) on exit."""
     command = [sys.executable, "-m", "broadcast", "--triton-url", triton_url, "--url", rtmp_url]
     command += ["--face", face, "--preview-port", str(port), "--max-tokens", str(max_tokens)]
+    command += ["--ahead-s", str(ahead_s)]
     with log_path.open("wb") as out:
         process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
     try:
@@ -142,10 +160,13 @@ def rehearse(
     triton_pid: int | None = None,
     face: str = "portrait",
     max_tokens: int = 32,
+    ahead_s: float = 1.0,
     work_dir: Path,
+    on_air: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """One broadcast of `seconds` with `questions` posted at their times; the figures (see
-    the module's docstring) and the raw material the test checks."""
+    the module's docstring) and the raw material the test checks. `on_air()` is called once
+    the stream is up (to start other load beside it)."""
     fps = 25
     readback = Readback(rtmp_url, probe=caption_probe, fps_hint=fps)
     reader = threading.Thread(target=readback.run, kwargs={"seconds": seconds + 60})
@@ -159,9 +180,17 @@ def rehearse(
     base = f"http://127.0.0.1:{port}"
     key = os.environ.get("AVATAR_GATEWAY_KEY")
     with broadcast_process(
-        triton_url, rtmp_url, face=face, max_tokens=max_tokens, port=port, log_path=log_path
+        triton_url,
+        rtmp_url,
+        face=face,
+        max_tokens=max_tokens,
+        ahead_s=ahead_s,
+        port=port,
+        log_path=log_path,
     ) as process:
         _wait_on_air(base, process, log_path, timeout_s=60)
+        if on_air is not None:
+            on_air()
         started = time.monotonic()
         cpu_show, cpu_triton = _cpu_s(process.pid), _triton_cpu(triton_pid)
         posted: dict[int, float] = {}
@@ -244,6 +273,7 @@ def summary(rehearsal: dict[str, Any]) -> dict[str, Any]:
         "questions": len(rehearsal["questions"]),
         "received": dataclasses.asdict(report),
         "underflows": output.get("underflows"),
+        "thinned_batches": rehearsal["status"].get("thinned_batches"),
         "late_ticks": output.get("late_ticks"),
         "ticks": output.get("ticks"),
         "cpu_per_s": rehearsal["cpu_per_s"],
@@ -280,6 +310,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=float, help="default: the questions' span + 25 s")
     parser.add_argument("--face", choices=("portrait", "cartoon"), default="portrait")
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--ahead-s", type=float, default=1.0, help="the show's render-ahead")
+    parser.add_argument(
+        "--live-sessions",
+        type=int,
+        default=0,
+        help="live page sessions talking through a gateway during the broadcast (perf capacity's "
+        "paced speakers)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.set_defaults(func=command)
 
@@ -290,9 +328,12 @@ def command(args: argparse.Namespace) -> int:
     questions = schedule(args.questions, 5.0, args.every)
     seconds = args.seconds or questions[-1].at_s + 25.0
     args.out.mkdir(parents=True, exist_ok=True)
-    with serve(args.url) as target, _rtmp_server() as rtmp:
+    with contextlib.ExitStack() as running:
+        target = running.enter_context(serve(args.url))
+        rtmp = running.enter_context(_rtmp_server())
         server = target.server
         pid = args.triton_pid or (server.pid if server is not None else None)
+        talkers = LiveSessions(target.grpc_url, args.live_sessions, seconds, running)
         rehearsal = rehearse(
             target.grpc_url,
             rtmp.url("anchor"),
@@ -302,14 +343,71 @@ def command(args: argparse.Namespace) -> int:
             triton_pid=pid,
             face=args.face,
             max_tokens=args.max_tokens,
+            ahead_s=args.ahead_s,
             work_dir=args.out,
+            on_air=talkers.start,
         )
+        live = talkers.figures()
     figures = summary(rehearsal)
+    figures["ahead_s"] = args.ahead_s
+    figures["live_sessions"] = live
     figures["per_question"] = rehearsal["questions"]
     figures["load_average"] = os.getloadavg()
     (args.out / "broadcast.json").write_text(json.dumps(figures, indent=2, default=str))
     _print(figures)
     return 0
+
+
+class LiveSessions:
+    """`count` live page sessions (perf capacity's paced speakers: spoken questions through a
+    gateway of their own) talking beside the broadcast for about `seconds`."""
+
+    def __init__(
+        self, triton_url: str, count: int, seconds: float, running: contextlib.ExitStack
+    ) -> None:
+        self.count, self.seconds, self.thread = count, seconds, None
+        self.result: tuple | None = None
+        if count:
+            from gateway.process import running_gateway
+
+            self.base, _ = running.enter_context(running_gateway(triton_url, [], quiet=True))
+
+    def start(self) -> None:
+        if not self.count:
+            return
+        from perf.capacity import questions, run_sessions
+
+        settings = argparse.Namespace(
+            questions=max(1, int(self.seconds // 12)),  # a spoken turn takes ~8-12 s here
+            min_turns=0,
+            barge_in=False,
+            stagger_s=2.0,
+            pause_s=1.0,
+            busy_wait_s=30.0,
+        )
+        items = questions()
+
+        def talk() -> None:
+            self.result = run_sessions(self.base, "broadcast", self.count, settings, items)
+
+        self.thread = threading.Thread(target=talk, daemon=True)
+        self.thread.start()
+
+    def figures(self) -> dict[str, Any] | None:
+        if self.thread is None:
+            return None
+        self.thread.join(timeout=120)
+        if self.result is None:
+            return {"sessions": self.count, "error": "the sessions did not finish"}
+        turns = self.result[0]
+        first = [t.first_audio for t in turns if t.first_audio is not None]  # ms after speech
+        return {
+            "sessions": self.count,
+            "turns": len(turns),
+            "failed": sum(1 for t in turns if t.error),
+            "first_audio_ms_p50": round(float(np.percentile(first, 50)), 1) if first else None,
+            "first_audio_ms_p95": round(float(np.percentile(first, 95)), 1) if first else None,
+        }
 
 
 def _print(figures: dict[str, Any]) -> None:
@@ -331,4 +429,7 @@ def _print(figures: dict[str, Any]) -> None:
         f"{received['longest_frozen_run']}; A/V offset max {received['av_offset_max_ms']} ms; "
         f"underflows {figures['underflows']} of {figures['ticks']} ticks"
     )
+    print(f"thinned batches (half-rate rendering below low water): {figures['thinned_batches']}")
     print("CPU per wall second: " + json.dumps(figures["cpu_per_s"]))
+    if figures.get("live_sessions"):
+        print("live page sessions beside it: " + json.dumps(figures["live_sessions"]))

@@ -62,7 +62,6 @@ class BroadcastSettings:
     host: str = "127.0.0.1"  # the local server's address (preview, chat, /health)
     preview_port: int = 8090  # 0: no local server
     max_tokens: int = 0  # 0: the avatar model's default reply length
-    persona: str = ""
     seed: int = 0
     # how far the show renders ahead of the air: what absorbs the CPU burst of a question
     # (the LLM's first sentence and the voices start while frames render); on 2 shared
@@ -249,7 +248,7 @@ class Broadcast:
         out: dict[str, Any] = {"ticks": 0, "last_tick_at": None}
         if self.show is not None:
             out.update(self.show.stats())
-            out["records"] = [self._record_json(r) for r in self.show.records[-20:]]
+            out["records"] = [self._record_json(r) for r in list(self.show.records)[-20:]]
         if self.paced is not None:
             paced = stats_json(self.paced.stats)
             out["output"] = paced

@@ -17,6 +17,7 @@ Two tasks share the programme (broadcast.programme):
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
 import time
@@ -30,6 +31,7 @@ from broadcast.captions import Caption, draw_caption
 from broadcast.chat.messages import Question
 from broadcast.chat.queue import ChatQueue
 from broadcast.life import Blend, Life, Pose, with_smile
+from broadcast.output import OutputError
 from broadcast.programme import Programme, Segment, stream_speech
 from gateway.triton_client import TurnCall, TurnError
 
@@ -37,6 +39,7 @@ log = logging.getLogger(__name__)
 
 RENDER_TICKS = 5  # ticks rendered per request: 0.2 s at 25 fps
 WARM_UP_BATCHES = 3
+RENDER_RETRY_S = 0.5
 CAPTION_HOLD_S = 1.5  # the caption stays up this long after the answer's last word
 ANSWER_IDLE_TIMEOUT_S = 60.0  # a turn that sends nothing this long is given up
 PAUSE_AFTER_ANSWER_S = 0.6  # breath between one answer and the next question
@@ -62,7 +65,8 @@ class Output(Protocol):
 @dataclasses.dataclass
 class QuestionRecord:
     """One question's way through the show; times are time.monotonic(), ticks are the
-    stream's (media time = tick / fps)."""
+    show's (media time = tick / fps until an underflow: the output's own tick of each first
+    naming and answer tick is in its `mark_times(mark_of(id, kind))`)."""
 
     id: int
     text: str
@@ -114,8 +118,9 @@ class Show:
         self.tick = 0  # the next tick to render
         self.prefill_ticks, self.low_water_ticks = prefill_ticks, low_water_ticks
         self.thinned_batches = 0  # batches drawn at half the render cost (low water)
-        self.records: list[QuestionRecord] = []
-        self.render_s: list[float] = []  # seconds per rendered batch
+        # the latest questions and render times (a broadcast may run for days)
+        self.records: collections.deque[QuestionRecord] = collections.deque(maxlen=500)
+        self.render_s: collections.deque[float] = collections.deque(maxlen=1500)
         self._caption: Caption | None = None
         self._caption_until: int | None = None  # tick the caption comes down at
         self._aired: dict[int, asyncio.Event] = {}  # question id -> its last segment handed on
@@ -126,7 +131,12 @@ class Show:
         """Answer the queue's questions one after another, until cancelled."""
         while True:
             question = await self.queue.next_question()
-            await self.answer(question)
+            try:
+                await self.answer(question)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # one question's failure never ends the show
+                log.exception("question %d failed", question.id)
             await asyncio.sleep(PAUSE_AFTER_ANSWER_S)
 
     async def answer(self, question: Question) -> QuestionRecord:
@@ -178,10 +188,10 @@ class Show:
         finally:
             listening.cancel()
             call.cancel()
-        # the end of the answer: a segment of no frames that the renderer passes when the
-        # answer's last word has been handed on
-        end = np.zeros((0, 52), np.float32)
-        self.programme.add(Segment(question.id, "end", np.zeros(0, np.float32), end))
+            # the end of the answer: a segment of no frames that the renderer passes when
+            # the answer's last word has been handed on (the caption comes down after it)
+            end = np.zeros((0, 52), np.float32)
+            self.programme.add(Segment(question.id, "end", np.zeros(0, np.float32), end))
         await aired.wait()
         return record
 
@@ -227,7 +237,14 @@ class Show:
         self.output.start()
         underflows = 0
         while True:
-            await self.render_ticks(RENDER_TICKS)
+            try:
+                await self.render_ticks(RENDER_TICKS)
+            except (asyncio.CancelledError, OutputError):
+                raise
+            except Exception as error:  # Triton restarting a model: the stream goes on
+                # (the output repeats its last frame) and the render is tried again
+                log.warning("render failed at tick %d: %r; retrying", self.tick, error)
+                await asyncio.sleep(RENDER_RETRY_S)
             now = self.output.stats.underflows
             if now > underflows:  # the air got ahead of the renderer: frames were repeated
                 log.warning(
@@ -312,7 +329,7 @@ class Show:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     def stats(self) -> dict[str, Any]:
-        render = np.asarray(self.render_s[-250:] or [0.0])
+        render = np.asarray(list(self.render_s)[-250:] or [0.0])
         return {
             "ticks": self.tick,
             "media_s": round(self.tick / self.fps, 2),

@@ -94,10 +94,10 @@ def _plus_persona(config: LocalConfig) -> LocalConfig:
 SERVED = GroundingConfig.from_json(served_parameters("llm")["grounding"])
 # rows: the served settings and the steps to them, each measured on the same conversations
 VARIANTS: dict[str, Variant] = {
-    "before": _before,  # one-line persona, no grounding
+    "before": _before,  # the one-line persona, no grounding
     "+copy": _plus_copy,  # the copy bias
-    "+recall": _plus_recall,  # + the user's words / the persona read beside the question
-    "served": lambda config: config,  # + the default persona rendered as a persona file
+    "+recall": _plus_recall,  # + what is known read beside a question about someone
+    "served": lambda config: config,  # + the default persona says "Your name is Mia."
     "served-no-copy": _plus_persona,  # the served settings without the copy bias
 }
 
@@ -216,14 +216,14 @@ def run_benchmarks(
                     # one's turns still run in order)
                     with ThreadPoolExecutor(parallel) as pool:
                         done = pool.map(functools.partial(_converse, stages), jobs)
-                        for (conversation, _, _), row in zip(jobs, done, strict=True):
-                            rows.append(row)
+                        for (conversation, _, _), said in zip(jobs, done, strict=True):
+                            rows.append(said)
                             log.info(
                                 "%s %s %s -> %r",
                                 variant,
-                                "OK  " if row["stated"] else "MISS",
+                                "OK  " if said["stated"] else "MISS",
                                 conversation.question,
-                                row["replies"][-1][:120],
+                                said["replies"][-1][:120],
                             )
             row[benchmark] = _summary(rows) | {"conversations": rows}
         row["seconds"] = round(time.perf_counter() - started, 1)
@@ -309,8 +309,8 @@ def command(args: argparse.Namespace) -> int:
             model=args.model,
             parallel=args.parallel,
         )
-    save_results(args.out, "says", results, format_table(results))
     print(format_table(results))
+    save_results(args.out, "says", results, format_table(results))
     return 0
 
 

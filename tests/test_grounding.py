@@ -81,7 +81,7 @@ class _Recorder(ReplyBackend):
         self.replies.append(reply)
 
 
-def test_the_engine_gives_the_persona_the_users_words_and_the_passages():
+def test_the_engine_gives_what_the_question_asks_about_and_the_passages():
     backend = _Recorder()
     config = EngineConfig(persona=DEFAULT.system_prompt(), grounding=GroundingConfig(bonus=1.0))
     engine = ChatEngine(backend, None, config)
@@ -95,11 +95,10 @@ def test_the_engine_gives_the_persona_the_users_words_and_the_passages():
     )
     turn = json.dumps([{"role": "user", "content": "What is my code?"}])
     request = engine.parse(turn, "s", context="The spa opens at 9:30.")
-    assert request.sources == (
-        first_person(DEFAULT.system_prompt()),
-        "Your code is 4417.",
-        "The spa opens at 9:30.",
-    )
+    # a question about the user: their words (and the passages), not the persona's
+    assert request.sources == ("Your code is 4417.", "The spa opens at 9:30.")
+    name = engine.parse(json.dumps([{"role": "user", "content": "What is your name?"}]), "s")
+    assert name.sources == (first_person(DEFAULT.system_prompt()),)
     engine.submit(request, lambda event: None)
     assert backend.replies[-1].sources == request.sources
     # off: nothing to copy

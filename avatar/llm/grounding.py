@@ -172,12 +172,16 @@ def sources(
     *,
     context: str = "",
 ) -> tuple[str, ...]:
-    """What a reply to `messages` may copy from: the system prompt in the first person,
-    the user's earlier messages in the second person, and the passages."""
+    """What a reply to `messages` may copy from: the system prompt in the first person when
+    the last message asks about the avatar, the user's earlier messages in the second
+    person when it asks about the user, and the passages."""
     found: list[str] = []
-    if config.persona and messages and messages[0].role == "system":
+    question = messages[-1].content if messages else ""
+    # the persona and the user's words only when the question asks about them: copied into
+    # an answer about the spa's prices, "I am Mia, the receptionist" runs on by itself
+    if config.persona and messages[0].role == "system" and _ABOUT_THE_AVATAR.search(question):
         found.append(first_person(messages[0].content))
-    if config.user:
+    if config.user and _ABOUT_THE_USER.search(question):
         earlier = [m for m in messages[:-1] if m.role == "user"]
         found += [second_person(m.content) for m in earlier]
     if config.passages and context.strip():

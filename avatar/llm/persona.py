@@ -9,9 +9,9 @@ read from a small TOML or JSON file and rendered into the system prompt.
 
 `avatar serve --persona FILE`, the `llm` model's `persona_file` parameter, or
 $AVATAR_PERSONA_FILE choose one; else the `persona` parameter's plain text, else DEFAULT
-(the packaged avatar, Mia). The rendering states the name twice and says how to answer
-when asked it; what the model reads of it when asked who it is, and how its name is kept
-in the reply, is avatar/llm/grounding.py (docs/llm.md has the measured shares).
+(the packaged avatar, Mia). The rendering states the name twice; what the model reads of
+it when asked who it is, and how its name is kept in the reply, is avatar/llm/grounding.py
+(docs/llm.md has the measured shares).
 """
 
 from __future__ import annotations
@@ -83,20 +83,14 @@ class Persona:
         if self.manner:
             lines.append(f"You are {self.manner.rstrip('.')}.")
         lines += [_sentence(fact) for fact in self.facts]
-        lines.append(
-            f'When someone asks your name, answer "My name is {name}." '
-            "Answer in one to three short spoken sentences."
-        )
+        # no "when someone asks your name, answer ..." rule: on the benchmark the small
+        # model then answered "Mia, the receptionist..." to questions about the spa
+        lines.append("Answer in one to three short spoken sentences.")
         return " ".join(lines)
 
 
 # the packaged avatar (the `llm` model's default persona)
-DEFAULT = Persona(
-    "Mia",
-    "the receptionist",
-    "warm and cheerful",
-    ("You welcome visitors and answer their questions.",),
-)
+DEFAULT = Persona("Mia", "a warm and cheerful receptionist avatar")
 
 
 def _sentence(text: str) -> str:

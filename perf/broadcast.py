@@ -102,6 +102,18 @@ def _health(base: str) -> tuple[int, dict[str, Any]]:
         return error.code, json.loads(error.read() or b"{}")
 
 
+def _preview(base: str) -> dict[str, Any]:
+    """The local HLS preview: its playlist and the size of its latest segment."""
+    with urllib.request.urlopen(f"{base}/preview/index.m3u8", timeout=5) as reply:
+        playlist = reply.read().decode()
+    segments = [line for line in playlist.splitlines() if line.endswith(".ts")]
+    size = 0
+    if segments:
+        with urllib.request.urlopen(f"{base}/preview/{segments[-1]}", timeout=5) as reply:
+            size = len(reply.read())
+    return {"playlist": playlist, "segments": len(segments), "last_segment_bytes": size}
+
+
 def _free_port() -> int:
     from serving.server import free_port
 
@@ -211,6 +223,7 @@ def rehearse(
             },
         }
         _, status = _health(base)
+        preview = _preview(base)
     reader.join(timeout=30)
     if process.returncode not in (0, None):
         raise RuntimeError(f"python -m broadcast failed:\n{log_path.read_text()[-3000:]}")
@@ -220,6 +233,7 @@ def rehearse(
         "cpu_per_s": {k: round(v, 3) for k, v in cpu.items()},
         "questions": _question_figures(status, posted, readback, fps),
         "readback": readback,
+        "preview": preview,
         "log": log_path.read_text(),
     }
 

@@ -71,6 +71,7 @@ class QuestionRecord:
     id: int
     text: str
     viewers: tuple[str, ...]
+    source: str  # where it was asked: "http", "ws", "irc"
     posted: float  # when the first viewer's message reached the queue
     picked: float = 0.0  # when the show took it from the queue
     said: float = 0.0  # when the attribution's speech was ready
@@ -143,7 +144,12 @@ class Show:
         """Say whose question it is, answer it, and return once the answer is on its way
         to the air (handed to the output)."""
         record = QuestionRecord(
-            question.id, question.text, question.viewers, question.first_seen, time.monotonic()
+            question.id,
+            question.text,
+            question.viewers,
+            question.source,
+            question.first_seen,
+            time.monotonic(),
         )
         self.records.append(record)
         aired = self._aired[question.id] = asyncio.Event()

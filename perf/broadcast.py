@@ -25,11 +25,13 @@ import dataclasses
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -40,7 +42,7 @@ import numpy as np
 from broadcast.captions import BAND_SHARE
 from broadcast.readback import Readback
 from evals.report import DEFAULT_OUT
-from perf.turn_cost import _cpu_s, process_cpu
+from perf.turn_cost import STUB, _cmdline, _cpu_s
 
 log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,6 +77,7 @@ class Question:
     at_s: float  # after the stream starts
     viewer: str
     text: str
+    via: str = "http"  # or "irc": said in the IRC channel the broadcast reads (`irc_url`)
 
 
 def schedule(count: int, first_s: float, every_s: float) -> list[Question]:
@@ -100,6 +103,25 @@ def _health(base: str) -> tuple[int, dict[str, Any]]:
             return reply.status, json.loads(reply.read())
     except urllib.error.HTTPError as error:
         return error.code, json.loads(error.read() or b"{}")
+
+
+def _say_on_irc(irc_url: str, question: Question, timeout_s: float = 10.0) -> None:
+    """`question` said in the channel of `irc_url` by a viewer of that name (a plain IRC
+    client: register, join, wait until joined, say it, quit)."""
+    parts = urllib.parse.urlsplit(irc_url)
+    channel = "#" + (parts.path.strip("/") or parts.fragment).lstrip("#")
+    nick = question.viewer
+    with socket.create_connection((parts.hostname, parts.port or 6667), timeout_s) as sock:
+        sock.sendall(f"NICK {nick}\r\nUSER {nick} 0 * :{nick}\r\nJOIN {channel}\r\n".encode())
+        seen, deadline = b"", time.monotonic() + timeout_s
+        while b" 366 " not in seen:  # the end of the channel's names: joined
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{nick} could not join {channel}: {seen[-300:]!r}")
+            seen += sock.recv(4096)
+        sock.sendall(f"PRIVMSG {channel} :{question.text}\r\nQUIT\r\n".encode())
+        with contextlib.suppress(OSError):
+            while sock.recv(4096):  # until the server closes: the line was taken
+                pass
 
 
 def _preview(base: str) -> dict[str, Any]:
@@ -130,11 +152,12 @@ def broadcast_process(
     ahead_s: float,
     port: int,
     log_path: Path,
+    irc_url: str = "",
 ) -> Iterator[subprocess.Popen]:
     """`python -m broadcast` as a child, stopped (SIGINT, as Ctrl-C) on exit."""
     command = [sys.executable, "-m", "broadcast", "--triton-url", triton_url, "--url", rtmp_url]
     command += ["--face", face, "--preview-port", str(port), "--max-tokens", str(max_tokens)]
-    command += ["--ahead-s", str(ahead_s)]
+    command += ["--ahead-s", str(ahead_s)] + (["--irc", irc_url] if irc_url else [])
     with log_path.open("wb") as out:
         process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
     try:
@@ -175,6 +198,7 @@ def rehearse(
     ahead_s: float = 1.0,
     work_dir: Path,
     on_air: Callable[[], None] | None = None,
+    irc_url: str = "",
 ) -> dict[str, Any]:
     """One broadcast of `seconds` with `questions` posted at their times; the figures (see
     the module's docstring) and the raw material the test checks. `on_air()` is called once
@@ -199,19 +223,25 @@ def rehearse(
         ahead_s=ahead_s,
         port=port,
         log_path=log_path,
+        irc_url=irc_url,
     ) as process:
         _wait_on_air(base, process, log_path, timeout_s=60)
         if on_air is not None:
             on_air()
         started = time.monotonic()
         cpu_show, cpu_triton = _cpu_s(process.pid), _triton_cpu(triton_pid)
-        posted: dict[int, float] = {}
+        posted: dict[str, float] = {}  # text -> when it was sent
         for question in questions:
             time.sleep(max(0.0, started + question.at_s - time.monotonic()))
             sent_at = time.monotonic()
+            if question.via == "irc":
+                _say_on_irc(irc_url, question)
+                posted[question.text] = sent_at
+                log.info("said %r on IRC", question.text)
+                continue
             verdict = _post(base, question, key)
-            if verdict.get("question_id") is not None and verdict.get("accepted"):
-                posted[verdict["question_id"]] = sent_at
+            if verdict.get("accepted"):
+                posted[question.text] = sent_at
             log.info("posted %r: %s", question.text, verdict.get("reason"))
         time.sleep(max(0.0, started + seconds - time.monotonic()))
         wall = time.monotonic() - started
@@ -239,22 +269,36 @@ def rehearse(
 
 
 def _triton_cpu(pid: int | None) -> dict[str, float]:
-    """CPU-seconds so far of tritonserver and of each python-backend model (by name)."""
+    """CPU-seconds so far of tritonserver `pid` and of each of its python-backend models (its
+    child stubs, named by their model folder; other servers' stubs on the machine are not
+    counted)."""
     if pid is None:
         return {}
-    cpu = process_cpu(pid, None)
+    cpu = {"tritonserver": _cpu_s(pid)}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
+            command = _cmdline(int(entry.name))
+            if parent == pid and command[0].endswith(STUB) and len(command) > 1:
+                model = Path(command[1]).parts[-3]  # <repo>/<model>/1/model.py
+                cpu[model] = cpu.get(model, 0.0) + _cpu_s(int(entry.name))
+        except (OSError, IndexError, ValueError):  # ended meanwhile
+            continue
     return {**cpu, "triton_total": sum(cpu.values())}
 
 
 def _question_figures(
-    status: dict[str, Any], posted: dict[int, float], readback: Readback, fps: int
+    status: dict[str, Any], posted: dict[str, float], readback: Readback, fps: int
 ) -> list[dict[str, Any]]:
     """Per question: when it was posted, and when its attribution's and answer's first audio
     reached the player, with the encoder's and the server's parts."""
     out = []
     for record in status.get("records", []):
         figures: dict[str, Any] = {"id": record["id"], "text": record["text"]}
-        sent = posted.get(record["id"])
+        figures["source"] = record.get("source", "")
+        sent = posted.get(record["text"])
         for kind in ("attribution", "answer"):
             times = record.get(f"{kind}_output")  # the output's tick (after any underflow)
             if times is None or sent is None:

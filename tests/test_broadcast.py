@@ -130,6 +130,8 @@ def _captioned_at(readback, tick: int) -> bool:
 @pytest.mark.server
 def test_two_chat_questions_on_air_through_nginx_rtmp(on_air):
     _check_broadcast(on_air, questions=2)
+    if Path(NGIRCD).exists():  # the second came through the IRC adapter
+        assert [q["source"] for q in on_air["questions"]] == ["http", "irc"]
     # the broadcast's own cost, beside tritonserver's (reported, bounded loosely)
     assert on_air["cpu_per_s"]["broadcast_process"] < 1.0, on_air["cpu_per_s"]
 

@@ -217,20 +217,27 @@ class Broadcast:
         if self.settings.preview_port:
             await self._serve(preview_dir)
         if self.irc is not None:
-            chat = IrcChat(self.irc, read_secret(PASSWORD_ENV))
+            try:
+                password = read_secret(PASSWORD_ENV)
+            except ValueError as error:  # the file $AVATAR_IRC_PASSWORD_FILE names is unreadable
+                raise BroadcastError(str(error)) from None
+            chat = IrcChat(self.irc, password)
             reading = chat.run(self.queue.offer, self.queue.withdraw_viewer)
             task = asyncio.create_task(reading, name="irc")
             stack.callback(task.cancel)
         self.started_at = time.monotonic()
 
     async def _serve(self, preview_dir: Path | None) -> None:
-        app = broadcast_app(
-            self.queue,
-            operator_key_from_environment(),
-            preview_dir=preview_dir,
-            status=self.status,
-            host=self.settings.host,
-        )
+        try:  # without an operator key the chat input serves only a loopback address
+            app = broadcast_app(
+                self.queue,
+                operator_key_from_environment(),
+                preview_dir=preview_dir,
+                status=self.status,
+                host=self.settings.host,
+            )
+        except ValueError as error:
+            raise BroadcastError(str(error)) from None
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         self._stack.push_async_callback(runner.cleanup)
@@ -242,7 +249,7 @@ class Broadcast:
                 f"the preview server cannot listen on {self.settings.host}:"
                 f"{self.settings.preview_port} ({error.strerror}): pick --preview-port"
             ) from None
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.port = runner.addresses[0][1]
 
     def status(self) -> dict[str, Any]:
         out: dict[str, Any] = {"ticks": 0, "last_tick_at": None}

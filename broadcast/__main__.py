@@ -50,6 +50,8 @@ def run_until_signalled(settings, triton_url: str, access: TritonAccess) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = command_line().parse_args(argv)
+    if not args.url:
+        command_line().error("--url is required: where to go on air (rtmp://host/app/stream)")
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

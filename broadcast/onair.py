@@ -74,7 +74,7 @@ def add_broadcast_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = BroadcastSettings("")
     parser.add_argument(
         "--url",
-        required=True,
+        default="",
         help="where to push: rtmp://host[:port]/app[/stream] (FLV), srt:// or udp:// "
         f"(MPEG-TS), or a .flv/.ts file; a platform's stream key goes in ${STREAM_KEY_ENV} "
         f"or the file ${STREAM_KEY_ENV}_FILE names (appended as the URL's last part)",

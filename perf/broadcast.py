@@ -353,9 +353,8 @@ def summary(rehearsal: dict[str, Any]) -> dict[str, Any]:
 
 
 def _rtmp_server() -> contextlib.AbstractContextManager:
-    """The tests' real nginx-rtmp (tests/rtmp_server.py), for a rehearsal on this machine."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    from rtmp_server import running_rtmp_server  # the tests' helper, not a package module
+    """A real nginx-rtmp on this machine (the one the tests use), for a rehearsal."""
+    from serving.local_services import running_rtmp_server
 
     return running_rtmp_server()
 

@@ -13,7 +13,7 @@ import signal
 import sys
 import tempfile
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from avatar.credentials import API_KEY_ENV, read_secret
@@ -229,6 +229,22 @@ def _demo(args: argparse.Namespace) -> int:
             )
 
 
+@contextlib.contextmanager
+def _local_rtmp() -> Iterator[str]:
+    """A local nginx-rtmp on 127.0.0.1:1935 (a free port if taken) while the broadcast runs;
+    its stream URL."""
+    from serving.local_services import running_rtmp_server
+
+    with contextlib.ExitStack() as stack:
+        try:
+            running = stack.enter_context(running_rtmp_server(1935))
+        except RuntimeError:  # 1935 is taken
+            running = stack.enter_context(running_rtmp_server())
+        url = running.url("anchor")
+        log.info("local RTMP server on air at %s: watch it with `ffplay %s`", url, url)
+        yield url
+
+
 def _broadcast(args: argparse.Namespace) -> int:
     """On air: the show pushed to --url, against --triton or an embedded server started here
     with every model (as `avatar serve`)."""
@@ -236,6 +252,12 @@ def _broadcast(args: argparse.Namespace) -> int:
     from broadcast.onair import BroadcastError, check_irc, output_url, settings_from_args
     from gateway.triton_client import TritonAccess
 
+    if bool(args.url) == args.local_rtmp:
+        log.error("say where to go on air: --url rtmp://... or --local-rtmp (one of the two)")
+        return 2
+    if args.local_rtmp:
+        with _local_rtmp() as url:
+            return _broadcast(argparse.Namespace(**{**vars(args), "url": url, "local_rtmp": False}))
     settings = settings_from_args(args)
     try:  # a wrong URL is said now, not after minutes of starting models
         output_url(settings.url)
@@ -383,6 +405,11 @@ def main(argv: list[str] | None = None) -> int:
         help=f"Triton's API key header (the key: ${API_KEY_ENV} or ${API_KEY_ENV}_FILE)",
     )
     on_air.add_argument("--out", type=Path, help="where to materialise (default build/)")
+    on_air.add_argument(
+        "--local-rtmp",
+        action="store_true",
+        help="start a local nginx-rtmp (127.0.0.1:1935) and go on air there (instead of --url)",
+    )
     on_air.set_defaults(run=_broadcast)
 
     args = parser.parse_args(argv)

@@ -16,9 +16,11 @@ import re
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from serving.deployment import PROJECT_ROOT
@@ -190,6 +192,88 @@ class LlamaServer:
             process.kill() if kill else process.terminate()
             try:
                 process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+# nginx with Debian's RTMP module: the broadcast's local server (`avatar broadcast
+# --local-rtmp`), its tests and `python -m perf broadcast`
+RTMP_MODULE = Path("/usr/lib/nginx/modules/ngx_rtmp_module.so")
+
+_CONFIG = """\
+load_module {module};
+worker_processes 1;
+error_log {prefix}/error.log info;
+pid {prefix}/nginx.pid;
+events {{ worker_connections 64; }}
+rtmp {{
+    server {{
+        listen 127.0.0.1:{port};
+        chunk_size 4096;
+        application live {{
+            live on;
+            record off;
+        }}
+    }}
+}}
+"""
+
+
+@dataclass
+class RtmpServer:
+    """A running nginx-rtmp (`running_rtmp_server`)."""
+
+    port: int
+    prefix: Path
+    process: subprocess.Popen[bytes]
+
+    def url(self, stream: str = "test") -> str:
+        """The URL a publisher pushes to and a player reads from."""
+        return f"rtmp://127.0.0.1:{self.port}/live/{stream}"
+
+    def error_log(self) -> str:
+        return (self.prefix / "error.log").read_text(errors="replace")
+
+
+def _wait_accepting(process: subprocess.Popen[bytes], port: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"nginx-rtmp did not accept on port {port}")
+        time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def running_rtmp_server(port: int | None = None, timeout_s: float = 10.0) -> Iterator[RtmpServer]:
+    """nginx with an `rtmp { application live }` on 127.0.0.1:`port` (a free one if None)."""
+    binary = shutil.which("nginx") or "/usr/sbin/nginx"
+    if not Path(binary).exists() or not RTMP_MODULE.exists():
+        raise FileNotFoundError(
+            "nginx with libnginx-mod-rtmp is not installed (scripts/setup.sh --tests installs it)"
+        )
+    port = port or free_port()
+    with tempfile.TemporaryDirectory(prefix="nginx-rtmp-") as folder:
+        prefix = Path(folder)
+        (prefix / "logs").mkdir()  # nginx opens logs/error.log before reading the config
+        conf = prefix / "nginx.conf"
+        conf.write_text(_CONFIG.format(module=RTMP_MODULE, prefix=prefix, port=port))
+        command = [binary, "-c", str(conf), "-p", str(prefix), "-g", "daemon off;"]
+        with (prefix / "stderr.log").open("wb") as stderr:
+            # its own session: a Ctrl-C meant for the broadcast must not stop it first
+            process = subprocess.Popen(command, stderr=stderr, start_new_session=True)
+        try:
+            _wait_accepting(process, port, timeout_s)
+            yield RtmpServer(port, prefix, process)
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()

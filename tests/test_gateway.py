@@ -275,8 +275,10 @@ def test_speech_after_a_pause_discards_the_speculative_turn(speculating_gateway:
 
 def test_barge_in_stops_the_reply_and_the_next_turn_answers(gateway: str) -> None:
     """Speaking over the avatar: the page is told to stop at once, the turn is cancelled on
-    the server, and the new question gets its own answer."""
-    first, second = clips()[5], clips()[12]
+    the server, and the new question gets its own answer. The first question asks for a
+    reply long enough to be still running when the second is spoken (a one-sentence reply
+    ends on the server before the barge-in: nothing left to cancel)."""
+    first, second = clips()[18], clips()[12]
     reply = asyncio.run(converse(_ws(gateway), first.audio, barge_in=second.audio))
     (interrupt,) = reply.of("interrupt")
     assert interrupt == {"type": "interrupt", "turn": 1, "reason": "barge-in"}

@@ -43,6 +43,7 @@ from broadcast.captions import BAND_SHARE
 from broadcast.readback import Readback
 from evals.report import DEFAULT_OUT
 from perf.turn_cost import STUB, _cmdline, _cpu_s
+from serving.server import free_port
 
 log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[1]
@@ -136,12 +137,6 @@ def _preview(base: str) -> dict[str, Any]:
     return {"playlist": playlist, "segments": len(segments), "last_segment_bytes": size}
 
 
-def _free_port() -> int:
-    from serving.server import free_port
-
-    return free_port()
-
-
 @contextlib.contextmanager
 def broadcast_process(
     triton_url: str,
@@ -212,7 +207,7 @@ def rehearse(
         if time.monotonic() > deadline:
             raise RuntimeError("the read-back never subscribed to the stream")
         time.sleep(0.05)
-    port, log_path = _free_port(), work_dir / "broadcast.log"
+    port, log_path = free_port(), work_dir / "broadcast.log"
     base = f"http://127.0.0.1:{port}"
     key = os.environ.get("AVATAR_GATEWAY_KEY")
     with broadcast_process(

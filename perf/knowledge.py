@@ -64,7 +64,7 @@ def load_questions(path: Path = QUESTIONS) -> list[Question]:
     return [Question(q["question"], tuple(q["expect"])) for q in json.loads(path.read_text())]
 
 
-def _silence(text: str, request: Any) -> Iterator[Speech]:
+def silent_speech(text: str, request: Any) -> Iterator[Speech]:
     """A stand-in for TTS: 0.1 s of silence per piece, no phonemes."""
     yield Speech(np.zeros(2205, np.float32), 22050, [], np.zeros(0), np.zeros(0), text)
 
@@ -124,7 +124,7 @@ def run(variants: tuple[str, ...], seed: int = 0, venue: Path = VENUE) -> dict[s
     for variant in variants:
         with local_stages(models, configs[variant]) as served:
             started = time.perf_counter()
-            rows = ask(dataclasses.replace(served, speak=_silence, feel=None), questions, seed)
+            rows = ask(dataclasses.replace(served, speak=silent_speech, feel=None), questions, seed)
         stated = sum(r["stated"] for r in rows)
         knowledge_ms = [r["knowledge_ms"] for r in rows if r["knowledge_ms"]]
         results["rows"][variant] = {

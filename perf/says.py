@@ -43,11 +43,12 @@ from avatar.llm.engine import DEFAULT_PERSONA
 from avatar.llm.grounding import GroundingConfig
 from avatar.llm.persona import DEFAULT, Persona
 from avatar.llm.stream import SentenceSplitter
-from avatar.pipeline import Speech, Stages, parse_turn, run_turn
+from avatar.pipeline import Stages, parse_turn, run_turn
 from avatar.pipeline.local import LocalConfig
 from avatar.sentences import ends_sentence, spoken_text
 from evals.grounding import SPLITS, Conversation, documents, persona_set, states, user_facts
 from evals.report import DEFAULT_OUT, machine, save_results
+from perf.knowledge import silent_speech
 from serving.served import served_parameters
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ def _plus_recall(config: LocalConfig) -> LocalConfig:
     return _grounding(_before(config), **dataclasses.asdict(SERVED))
 
 
-def _plus_persona(config: LocalConfig) -> LocalConfig:
+def _served_no_copy(config: LocalConfig) -> LocalConfig:
     return _grounding(config, recall=SERVED.recall, recall_persona=SERVED.recall_persona)
 
 
@@ -98,13 +99,8 @@ VARIANTS: dict[str, Variant] = {
     "+copy": _plus_copy,  # the copy bias
     "+recall": _plus_recall,  # + what is known read beside a question about someone
     "served": lambda config: config,  # + the default persona says "Your name is Mia."
-    "served-no-copy": _plus_persona,  # the served settings without the copy bias
+    "served-no-copy": _served_no_copy,  # the served settings without the copy bias
 }
-
-
-def _silence(text: str, request: Any) -> Iterator[Speech]:
-    """A stand-in for TTS: 0.1 s of silence per piece, no phonemes."""
-    yield Speech(np.zeros(2205, np.float32), 22050, [], np.zeros(0), np.zeros(0), text)
 
 
 def sentences(reply: str) -> int:
@@ -205,7 +201,7 @@ def run_benchmarks(
             for persona in dict.fromkeys(p for _, p in sets[benchmark]):
                 config = _configured(served, variant, persona, knowledge)
                 with local_stages(models, config) as served_stages:
-                    stages = dataclasses.replace(served_stages, speak=_silence, feel=None)
+                    stages = dataclasses.replace(served_stages, speak=silent_speech, feel=None)
                     jobs = [
                         (conversation, f"{benchmark}-{i}-{seed}-{p.name if p else ''}", seed)
                         for i, (conversation, p) in enumerate(sets[benchmark])

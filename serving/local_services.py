@@ -112,18 +112,7 @@ def running_redis(timeout_s: float = 10.0) -> Iterator[str]:
     ]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1) as connection:
-                    connection.sendall(b"PING\r\n")
-                    if connection.recv(16).startswith(b"+PONG"):
-                        break
-            except OSError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"redis-server did not start on port {port}")
-            time.sleep(0.1)
+        _wait_answering(process, port, timeout_s, "redis-server", ping=b"PING\r\n", pong=b"+PONG")
         yield f"redis://127.0.0.1:{port}/0"
     finally:
         process.kill()
@@ -236,16 +225,30 @@ class RtmpServer:
         return (self.prefix / "error.log").read_text(errors="replace")
 
 
-def _wait_accepting(process: subprocess.Popen[bytes], port: int, timeout_s: float) -> None:
+def _wait_answering(
+    process: subprocess.Popen[bytes],
+    port: int,
+    timeout_s: float,
+    what: str,
+    *,
+    ping: bytes = b"",
+    pong: bytes = b"",
+) -> None:
+    """Return once 127.0.0.1:`port` accepts (and answers `ping` with `pong`); RuntimeError
+    when `process` ends or `timeout_s` passes first."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as connection:
+                if not ping:
+                    return
+                connection.sendall(ping)
+                if connection.recv(16).startswith(pong):
+                    return
         except OSError:
             pass
         if process.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"nginx-rtmp did not accept on port {port}")
+            raise RuntimeError(f"{what} did not start on port {port}")
         time.sleep(0.05)
 
 
@@ -268,7 +271,7 @@ def running_rtmp_server(port: int | None = None, timeout_s: float = 10.0) -> Ite
             # its own session: a Ctrl-C meant for the broadcast must not stop it first
             process = subprocess.Popen(command, stderr=stderr, start_new_session=True)
         try:
-            _wait_accepting(process, port, timeout_s)
+            _wait_answering(process, port, timeout_s, "nginx-rtmp")
             yield RtmpServer(port, prefix, process)
         finally:
             process.terminate()

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from avatar.config_dtypes import NUMPY_DTYPES
 from avatar.errors import RequestError
-from avatar.sidecar import NUMPY_DTYPES
 
 log = logging.getLogger(__name__)
 

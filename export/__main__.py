@@ -107,9 +107,9 @@ def _share_cores(processes: int) -> None:
 def _gates(args: argparse.Namespace, log: logging.Logger) -> int:
     """Every gate measured here (kept beside its artifact), compared with the verdict the
     build took (recorded or measured) and with export/gates.json."""
-    from avatar.sidecar import Sidecar
     from export import gates
     from export.quantize import VARIANT_FILE
+    from export.sidecar import Sidecar
 
     names = args.models or sorted(GATES)
     unknown = sorted(set(names) - set(GATES))
@@ -154,9 +154,9 @@ def _gates(args: argparse.Namespace, log: logging.Logger) -> int:
 
 
 def _engines(args: argparse.Namespace, log: logging.Logger) -> int:
-    from avatar.model_config import SOURCE_REPOSITORY
     from export.tensorrt.build import EngineVerificationError, build_all
     from export.tensorrt.engine import TensorRTMissingError
+    from model_configs.pbtxt import SOURCE_REPOSITORY
 
     try:
         records = build_all(

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from avatar.sidecar import Sidecar, TensorSpec, sha256_file
+from export.sidecar import Sidecar, TensorSpec, sha256_file
 
 log = logging.getLogger(__name__)
 

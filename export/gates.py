@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from avatar.sidecar import Sidecar, sha256_file
+from export.sidecar import Sidecar, sha256_file
 
 log = logging.getLogger(__name__)
 

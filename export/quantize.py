@@ -215,8 +215,8 @@ def logged(model: str, record: dict) -> dict:
 
 def built_record(model: str) -> tuple[Path, dict]:
     """The artifact folder of `model` (built when not cached) and its variant's gate record."""
-    from avatar.sidecar import Sidecar
     from export.registry import ensure_all
+    from export.sidecar import Sidecar
 
     folder = ensure_all([model])[model]
     return folder, Sidecar.load(folder).validation["variants"][VARIANT_FILE]

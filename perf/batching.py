@@ -127,7 +127,7 @@ def grid_points(
 
 def rewrite_config(point: BatchPoint, model: str, repository: Path) -> None:
     """Set max_batch_size, the dynamic batcher's delay and the instance count in place."""
-    from avatar.model_config import parse_config
+    from model_configs.pbtxt import parse_config
 
     path = repository / model / "config.pbtxt"
     config = parse_config(path)

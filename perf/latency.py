@@ -57,9 +57,9 @@ from pathlib import Path
 import numpy as np
 
 from avatar.endpointing import END_SILENCE_S
-from avatar.model_config import call_graph
 from evals.report import DEFAULT_OUT, plot_bars, write_rows
 from gateway.process import running_gateway
+from model_configs.pbtxt import call_graph
 from perf.harness import concurrently, playback, serve
 
 log = logging.getLogger(__name__)
@@ -153,7 +153,7 @@ def add_setting_models(repository: Path, setting: str) -> None:
     """The copies of `setting` (COPIES) beside the materialised models of `repository`."""
     from google.protobuf import text_format
 
-    from avatar.model_config import parse_config
+    from model_configs.pbtxt import parse_config
 
     for name, values in COPIES[setting].items():
         source, target = repository / name, repository / f"{name}_{setting}"

@@ -83,7 +83,7 @@ def set_parameters(repository: Path, model: str, **values: str) -> None:
     """Write `parameters` of a materialised model's config.pbtxt (e.g. max_active_turns)."""
     from google.protobuf import text_format
 
-    from avatar.model_config import parse_config
+    from model_configs.pbtxt import parse_config
 
     path = repository / model / "config.pbtxt"
     config = parse_config(path)
@@ -96,7 +96,7 @@ def set_queue_policy(repository: Path, model: str, max_queue_size: int, timeout_
     """Rewrite a batched model's dynamic_batching.default_queue_policy (REJECT on timeout)."""
     from google.protobuf import text_format
 
-    from avatar.model_config import parse_config
+    from model_configs.pbtxt import parse_config
 
     path = repository / model / "config.pbtxt"
     config = parse_config(path)

@@ -228,7 +228,7 @@ def copy_model(
     """A copy `<name><suffix>` of a materialised model with `params` set and `edit`ed."""
     from google.protobuf import text_format
 
-    from avatar.model_config import parse_config
+    from model_configs.pbtxt import parse_config
 
     source, target = repository / name, repository / f"{name}{suffix}"
     shutil.copytree(source, target, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from avatar.credentials import API_KEY_ENV, read_secret
-from avatar.model_config import RepositoryError
+from model_configs.pbtxt import RepositoryError
 from serving.deployment import PROJECT_ROOT, build_repository
 from serving.repository import TARGETS
 from serving.server import (

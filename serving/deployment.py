@@ -7,7 +7,7 @@ import logging
 from collections.abc import Iterable
 from pathlib import Path
 
-from avatar.model_config import SOURCE_REPOSITORY, is_native, model_names, parse_config
+from model_configs.pbtxt import SOURCE_REPOSITORY, is_native, model_names, parse_config
 from serving.repository import MaterializedModel, materialize
 
 log = logging.getLogger(__name__)

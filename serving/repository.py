@@ -31,15 +31,9 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from avatar.model_config import (
-    ENGINE_RECORD,
-    RepositoryError,
-    check_against_sidecar,
-    is_native,
-    parse_config,
-    platform_of,
-)
-from avatar.sidecar import Sidecar
+from export.config_check import check_against_sidecar
+from export.sidecar import ENGINE_RECORD, Sidecar
+from model_configs.pbtxt import RepositoryError, is_native, parse_config, platform_of
 
 log = logging.getLogger(__name__)
 

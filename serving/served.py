@@ -23,7 +23,7 @@ def served_onnx(name: str) -> Path:
     """The ONNX file the embedded server runs for `name` (`model.onnx`, or the INT8 variant
     its config names while the variant's gate passes): in-process sides of a side-by-side
     run the same graph as Triton."""
-    from avatar.model_config import SOURCE_REPOSITORY, parse_config
+    from model_configs.pbtxt import SOURCE_REPOSITORY, parse_config
     from serving.repository import onnx_variant
 
     folder = _artifact(name)
@@ -32,7 +32,7 @@ def served_onnx(name: str) -> Path:
 
 def served_parameters(name: str) -> dict[str, str]:
     """The `parameters` of model `name` as model_repository/ configures it."""
-    from avatar.model_config import SOURCE_REPOSITORY, parse_config
+    from model_configs.pbtxt import SOURCE_REPOSITORY, parse_config
 
     config = parse_config(SOURCE_REPOSITORY / name / "config.pbtxt")
     return {key: value.string_value for key, value in config.parameters.items()}

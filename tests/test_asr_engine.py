@@ -8,9 +8,9 @@ import shutil
 import pytest
 
 from avatar.asr.transcribe import window_frames
-from avatar.model_config import SOURCE_REPOSITORY, parse_config
-from avatar.sidecar import Sidecar, TensorSpec
 from export.asr.engine import Profile, build_engine, trtexec_command
+from export.sidecar import Sidecar, TensorSpec
+from model_configs.pbtxt import SOURCE_REPOSITORY, parse_config
 
 
 @pytest.fixture(scope="module")

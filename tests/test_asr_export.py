@@ -89,8 +89,9 @@ def test_transformers_model_transcribes_like_faster_whisper(speech):
 
 
 def test_sidecars_and_configs_agree(artifacts):
-    from avatar.model_config import check_against_sidecar, parse_config
-    from avatar.sidecar import Sidecar
+    from export.config_check import check_against_sidecar
+    from export.sidecar import Sidecar
+    from model_configs.pbtxt import parse_config
 
     for folder in artifacts:
         sidecar = Sidecar.load(folder)

@@ -27,8 +27,8 @@ def artifacts() -> tuple[Path, Path]:
 
 
 def test_export_verifies_against_ctranslate2(artifacts):
-    from avatar.sidecar import Sidecar
     from export.asr.tiny import MAX_WER_VS_CT2
+    from export.sidecar import Sidecar
 
     encoder, decoder = (Sidecar.load(folder) for folder in artifacts)
     assert (encoder.model, decoder.model) == ("asr_tiny_encoder", "asr_tiny_decoder")

@@ -593,7 +593,7 @@ def test_prometheus_scrapes_triton_metrics() -> None:
 def test_accelerator_cache_folders_are_created_by_the_engine_jobs() -> None:
     """ONNX Runtime creates only the last folder of trt_engine_cache_path: both engine jobs
     make each configured path beforehand, on the volume the servers mount at /cache."""
-    from avatar.model_config import SOURCE_REPOSITORY, parse_config
+    from model_configs.pbtxt import SOURCE_REPOSITORY, parse_config
 
     paths = []
     for config_path in sorted(SOURCE_REPOSITORY.glob("*/config.pbtxt")):

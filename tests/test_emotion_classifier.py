@@ -86,8 +86,8 @@ def test_served_encoder_export_matches_pytorch() -> None:
     from transformers import AutoTokenizer
 
     from avatar.animation.emotion_classifier import SentenceTokenizer, model_dir
-    from avatar.sidecar import Sidecar
     from export.registry import ensure_all
+    from export.sidecar import Sidecar
 
     folder = ensure_all(["emotion_encoder"])["emotion_encoder"]
     validation = Sidecar.load(folder).validation
@@ -109,9 +109,9 @@ def test_int8_variant_gate_is_recorded_and_recomputes() -> None:
     again on the built files gives the same verdict and quality figures."""
     import json
 
-    from avatar.sidecar import Sidecar
     from export.emotion import int8
     from export.registry import ensure_all
+    from export.sidecar import Sidecar
 
     folder = ensure_all(["emotion_encoder"])["emotion_encoder"]
     record = Sidecar.load(folder).validation["variants"][int8.VARIANT_FILE]

@@ -18,18 +18,11 @@ import pytest
 from onnx import numpy_helper
 from tritonclient.grpc import model_config_pb2 as mc
 
-from avatar.model_config import (
-    ENGINE_RECORD,
-    SOURCE_REPOSITORY,
-    is_native,
-    model_names,
-    parse_config,
-    platform_of,
-)
-from avatar.sidecar import Sidecar, TensorSpec
 from export.common import Tolerance, onnx_session
+from export.sidecar import ENGINE_RECORD, Sidecar, TensorSpec
 from export.tensorrt import build, engine, verify
 from export.tensorrt.build import STAGES, EngineVerificationError, Stage
+from model_configs.pbtxt import SOURCE_REPOSITORY, is_native, model_names, parse_config, platform_of
 from serving.repository import MissingArtifactError, embedded_config, has_state, materialize
 
 HAS_TRTEXEC = shutil.which("trtexec") is not None

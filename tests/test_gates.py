@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from avatar.sidecar import Sidecar, sha256_file
 from export import gates
 from export.quantize import (
     RANGE_STEPS_PER_OCTAVE,
@@ -19,6 +18,7 @@ from export.quantize import (
     quantize_qdq,
     snap_outward,
 )
+from export.sidecar import Sidecar, sha256_file
 
 
 def test_snapped_ranges_grow_outward_onto_a_grid_of_float32_numbers() -> None:

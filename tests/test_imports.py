@@ -15,14 +15,34 @@ ROOT = Path(__file__).parents[1]
 ALLOWED: dict[str, frozenset[str]] = {
     # The app layer: the `avatar` command, server, supervisor, materialisation.
     "serving": frozenset(
-        {"avatar", "evals", "networks", "export", "training", "clients", "gateway", "broadcast"}
+        {
+            "avatar",
+            "model_configs",
+            "evals",
+            "networks",
+            "export",
+            "training",
+            "clients",
+            "gateway",
+            "broadcast",
+        }
     ),
     # Benchmarks of the served product: they start the server as `avatar serve` does and
     # drive it through the clients and the gateway; their in-process sides run the exported
     # graphs (export's registry and artifacts) and the 2D face. Nothing but tests imports
     # perf, serving included, so it sits beside the app layer, not under it.
     "perf": frozenset(
-        {"avatar", "evals", "networks", "export", "clients", "gateway", "serving", "broadcast"}
+        {
+            "avatar",
+            "model_configs",
+            "evals",
+            "networks",
+            "export",
+            "clients",
+            "gateway",
+            "serving",
+            "broadcast",
+        }
     ),
     # The public edge and the thin clients talk to Triton over the network, never to the
     # tooling. A client may draw the 2D face itself (networks.face2d, torch: optional).
@@ -35,9 +55,12 @@ ALLOWED: dict[str, frozenset[str]] = {
     # cache; export never imports training: what both need (sentence sets, lipsync labels
     # and scores, the sentence encoder) lives in evals and networks.
     "training": frozenset({"avatar", "evals", "networks", "export"}),
-    "export": frozenset({"avatar", "evals", "networks"}),
+    "export": frozenset({"avatar", "model_configs", "evals", "networks"}),
     # Metrics and data sets (WER, clips, recordings, sentence sets, lipsync scores, results).
     "evals": frozenset({"avatar"}),
+    # The repository's config.pbtxt read as Triton's ModelConfig (tritonclient's protobuf):
+    # what export, serving and perf read; kept out of the core, which imports no Triton.
+    "model_configs": frozenset(),
     # Torch modules; the core's tables name their inputs and outputs.
     "networks": frozenset({"avatar"}),
     # Thin python-backend adapters over the core.
@@ -45,9 +68,12 @@ ALLOWED: dict[str, frozenset[str]] = {
     # The runtime core.
     "avatar": frozenset(),
 }
+# The core is Triton-free: its python-backend side talks to Triton through pb_utils only
+# (avatar/triton/), and a config.pbtxt is read as a protobuf in model_configs, not here.
+NO_TRITONCLIENT = ("avatar", "evals", "networks", "model_repository")
 # Packages that a torch-free image runs (the server's python models, the gateway), and the
 # metrics every tool imports.
-NO_TORCH = ("avatar", "model_repository", "gateway", "evals", "broadcast")
+NO_TORCH = ("avatar", "model_repository", "model_configs", "gateway", "evals", "broadcast")
 
 
 def _dotted(path: Path) -> str:
@@ -137,5 +163,16 @@ def test_no_torch_where_images_run_without_it():
         if name.startswith(NO_TORCH)
         for imported in _imports(path, name)
         if imported.split(".")[0] == "torch"
+    ]
+    assert not bad, bad
+
+
+def test_no_tritonclient_in_the_core():
+    bad = [
+        f"{name} imports {imported}"
+        for name, path in sorted(_modules().items())
+        if name.startswith(NO_TRITONCLIENT)
+        for imported in _imports(path, name)
+        if imported.split(".")[0] == "tritonclient"
     ]
     assert not bad, bad

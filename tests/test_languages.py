@@ -270,8 +270,8 @@ def test_whisper_transcribes_the_fallbacks_chinese(fallback):
 def language_server(tmp_path_factory, zh_voice_file):
     """tts (espeak-ng fallback for zh), tts_piper_zh (the same model with a Piper voice for
     zh by path, run by tts_vits_zh) and their VITS models, on one embedded tritonserver."""
-    from avatar.model_config import SOURCE_REPOSITORY
     from export.registry import ensure_all
+    from model_configs.pbtxt import SOURCE_REPOSITORY
     from serving.repository import materialize
     from serving.server import EmbeddedServer, ServerOptions
 

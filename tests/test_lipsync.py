@@ -12,8 +12,6 @@ from avatar.animation import AnimationConfig, animate
 from avatar.animation.lipsync import animate_probs, decode_segments
 from avatar.animation.tables import VISEMES
 from avatar.errors import RequestError
-from avatar.model_config import check_against_sidecar, parse_config
-from avatar.sidecar import Sidecar
 from evals.lipsync import (
     Augment,
     Scores,
@@ -24,7 +22,10 @@ from evals.lipsync import (
     score_clip,
 )
 from export.common import ensure, onnx_session
+from export.config_check import check_against_sidecar
 from export.lipsync.recipe import OUTPUTS, LipsyncRecipe, example_audio, expected_specs, reference
+from export.sidecar import Sidecar
+from model_configs.pbtxt import parse_config
 
 CONFIG = Path(__file__).resolve().parent.parent / "model_repository/lipsync/config.pbtxt"
 # Held-out: none of these is in emotion_sentences.json's 'train' split.

@@ -16,9 +16,9 @@ from avatar.llm.engine import ChatEngine, EngineConfig
 from avatar.llm.sampling import SamplingParams
 from avatar.llm.scheduler import Event
 from avatar.llm.tokenizer import Tokenizer
-from avatar.sidecar import Sidecar
 from export.common import ensure
 from export.llm.recipe import LlmDecoderRecipe
+from export.sidecar import Sidecar
 from serving.server import free_port
 
 pytest.importorskip("torch")
@@ -91,7 +91,8 @@ def test_config_matches_sidecar(artifact):
     present.*) are exactly the export's tensors."""
     from pathlib import Path
 
-    from avatar.model_config import check_against_sidecar, parse_config
+    from export.config_check import check_against_sidecar
+    from model_configs.pbtxt import parse_config
 
     path = Path(__file__).parent.parent / "model_repository" / "llm_decoder" / "config.pbtxt"
     config = parse_config(path)

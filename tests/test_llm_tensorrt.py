@@ -7,8 +7,8 @@ import shutil
 import pytest
 
 from avatar.llm.decoder import KvLayout
-from avatar.sidecar import Sidecar, TensorSpec
 from export.llm.engine import DecoderProfile, build_engine
+from export.sidecar import Sidecar, TensorSpec
 from export.tensorrt.engine import trtexec_command
 
 LAYOUT = KvLayout(layers=2, kv_heads=3, head_dim=64)

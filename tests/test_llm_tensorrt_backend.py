@@ -19,7 +19,7 @@ from avatar.llm import trtllm
 from avatar.llm.backend import Reply
 from avatar.llm.sampling import SamplingParams
 from avatar.llm.template import Message
-from avatar.model_config import SOURCE_REPOSITORY, model_names, parse_config
+from model_configs.pbtxt import SOURCE_REPOSITORY, model_names, parse_config
 
 CONFIG = SOURCE_REPOSITORY / "optional" / "tensorrt_llm" / "config.pbtxt"
 NUMPY = {

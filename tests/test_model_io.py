@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from test_turn_schema import _declared, _specs
 
-from avatar.model_config import SOURCE_REPOSITORY, parse_config
 from avatar.model_io import ASR, LLM, MODELS, TTS
+from model_configs.pbtxt import SOURCE_REPOSITORY, parse_config
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))

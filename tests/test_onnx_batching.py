@@ -11,8 +11,8 @@ import pytest
 from google.protobuf import json_format
 
 from avatar.errors import RequestError
-from avatar.model_config import SOURCE_REPOSITORY, parse_config
 from avatar.onnx_batching import BatchedSession
+from model_configs.pbtxt import SOURCE_REPOSITORY, parse_config
 from serving.repository import embedded_config
 
 

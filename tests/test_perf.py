@@ -142,7 +142,7 @@ def test_setting_copies_carry_their_settings(
 ) -> None:
     import shutil
 
-    from avatar.model_config import parse_config
+    from model_configs.pbtxt import parse_config
     from perf.latency import COPIES, add_setting_models
 
     for name in COPIES[setting]:

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 from test_pipeline import FakeStages
 
-from avatar.model_config import parse_config
 from avatar.pipeline import PipelineConfig, parse_turn
 from avatar.pipeline.runner import RunnerConfig, TurnRunner, event_tensors
 from avatar.pipeline.turn import Stages
+from model_configs.pbtxt import parse_config
 
 AVATAR_CONFIG = Path(__file__).parents[1] / "model_repository" / "avatar" / "config.pbtxt"
 

@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from avatar.animation.tables import ARKIT_INDEX
-from avatar.model_config import check_against_sidecar, parse_config
-from avatar.sidecar import Sidecar
 from export.common import ToleranceError, compare_outputs, ensure, onnx_session
+from export.config_check import check_against_sidecar
 from export.renderer import recipe
+from export.sidecar import Sidecar
+from model_configs.pbtxt import parse_config
 from networks.face2d import LIPS, MOUTH_INSIDE, Face2D
 
 CONFIG = Path(__file__).parent.parent / "model_repository" / "renderer" / "config.pbtxt"

@@ -9,16 +9,15 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from avatar.model_config import (
+from export.config_check import ConfigMismatchError, check_against_sidecar
+from export.sidecar import Sidecar
+from model_configs.pbtxt import (
     SOURCE_REPOSITORY,
-    ConfigMismatchError,
     RepositoryError,
-    check_against_sidecar,
     is_native,
     model_names,
     parse_config,
 )
-from avatar.sidecar import Sidecar
 from serving.repository import MissingArtifactError, materialize
 
 MODELS = model_names()
@@ -287,7 +286,7 @@ def test_tts_vits_serves_its_gated_int8_variant_on_the_cpu(embedded_repository: 
 
 def test_the_call_graph_is_read_from_the_bls_configs() -> None:
     """perf's copies of the turn's chain re-point callers found here (perf/latency.py)."""
-    from avatar.model_config import call_graph, model_names
+    from model_configs.pbtxt import call_graph, model_names
 
     turn = call_graph(root="avatar")
     assert list(turn)[-1] == "avatar" and "avatar_speech" not in turn

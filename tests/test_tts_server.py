@@ -98,9 +98,9 @@ def test_vits_batch_of_four_equals_one_at_a_time(client, embedded_repository):
     rounds the decoder's output a step apart in a batch (measured max 0.0155)."""
     import tritonclient.grpc as grpcclient
 
-    from avatar.model_config import parse_config
     from avatar.tts import Controls, Phonemizer, packaged_voice, prepare
     from avatar.tts.synth import batch_inputs
+    from model_configs.pbtxt import parse_config
 
     config = packaged_voice().config
     phonemizer = Phonemizer(config)

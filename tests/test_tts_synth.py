@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from avatar.sidecar import Sidecar
 from avatar.tts import Controls, Phonemizer, Synthesizer, onnx_infer, packaged_voice, prepare
 from avatar.tts.synth import batch_inputs
 from export.common import ensure, onnx_session
+from export.sidecar import Sidecar
 from export.tts.recipe import VitsRecipe
 
 # Not used while developing (see export/tts/recipe.py and export/tts/report.py for the others).

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from avatar.model_config import parse_config
 from avatar.model_io import ARRAY, NUMPY
 from avatar.pipeline import schema
 from avatar.pipeline.events import FinalEvent, FramesEvent, SentenceEvent, TranscriptEvent
 from avatar.pipeline.runner import event_tensors
+from model_configs.pbtxt import parse_config
 
 AVATAR_CONFIG = Path(__file__).parents[1] / "model_repository" / "avatar" / "config.pbtxt"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from avatar.asr.agreement import MAX_PREFIX_TOKENS
 from avatar.asr.features import N_FRAMES
-from avatar.sidecar import Sidecar
+from export.sidecar import Sidecar
 from export.tensorrt import engine
 from export.tensorrt.engine import Range, ShapeProfile
 

@@ -228,8 +228,8 @@ def gate_folder(folder: Path) -> dict:
     """The gate of the variant in the artifact `folder` (asr_encoder or asr_decoder)."""
     import torch
 
-    from avatar.sidecar import Sidecar
     from export.asr.weights import load_whisper
+    from export.sidecar import Sidecar
 
     kind = Sidecar.load(folder).model.removeprefix("asr_")
     torch.manual_seed(0)  # as the recipe loads it

@@ -19,7 +19,6 @@ from pathlib import Path
 import numpy as np
 
 from avatar.asr.onnx_runtime import DECODER_STEP_FILE
-from avatar.sidecar import Sidecar, sha256_file
 from export.common import (
     ArtifactRecipe,
     Tolerance,
@@ -30,6 +29,7 @@ from export.common import (
     worst,
 )
 from export.onnx_edit import add_state_input, set_output_dims
+from export.sidecar import Sidecar, sha256_file
 
 log = logging.getLogger(__name__)
 

@@ -45,11 +45,11 @@ from avatar.asr.greedy import DecodeOptions, WhisperRuntime, WindowDecoding
 from avatar.asr.onnx_runtime import DECODER_STEP_FILE, OnnxWhisperRuntime
 from avatar.asr.transcribe import AsrOptions, transcribe
 from avatar.asr.vocab import WhisperVocab
-from avatar.sidecar import Sidecar, sha256_file
 from evals.clips import Clip
 from evals.wer import corpus_wer
 from export.asr.recipe import DecoderRecipe, EncoderRecipe, _WhisperRecipe
 from export.common import ValidationError, cache_root, ensure
+from export.sidecar import Sidecar, sha256_file
 
 log = logging.getLogger(__name__)
 

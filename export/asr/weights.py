@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from avatar.sidecar import sha256_file
 from export.common import cache_root
+from export.sidecar import sha256_file
 
 log = logging.getLogger(__name__)
 

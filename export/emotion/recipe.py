@@ -26,7 +26,6 @@ from avatar.animation.emotion_classifier import (
     SentenceTokenizer,
     model_dir,
 )
-from avatar.sidecar import Sidecar, sha256_file
 from export.common import (
     ArtifactRecipe,
     Tolerance,
@@ -38,6 +37,7 @@ from export.common import (
 )
 from export.emotion.int8 import VARIANT_FILE, build_variant
 from export.onnx_edit import set_output_dims
+from export.sidecar import Sidecar, sha256_file
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 
-from avatar.sidecar import Sidecar, TensorSpec, sha256_file
 from export.common import (
     ArtifactRecipe,
     ShapeMismatchError,
@@ -29,6 +28,7 @@ from export.common import (
 )
 from export.lipsync.int8 import VARIANT_FILE, build_variant
 from export.onnx_edit import set_output_dims
+from export.sidecar import Sidecar, TensorSpec, sha256_file
 from networks.lipsync import CLASSES, HOP, SAMPLE_RATE, WEIGHTS
 
 log = logging.getLogger(__name__)

@@ -23,11 +23,11 @@ from pathlib import Path
 import numpy as np
 
 from avatar.llm.decoder import OrtDecoder
-from avatar.sidecar import Sidecar, sha256_file
 from export.common import ArtifactRecipe, describe_onnx, ensure
 from export.gates import judged
 from export.llm import convert, decoder_onnx, verify
 from export.quantize import VARIANT_FILE, logged, side_by_side
+from export.sidecar import Sidecar, sha256_file
 
 log = logging.getLogger(__name__)
 

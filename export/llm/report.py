@@ -9,8 +9,8 @@ import logging
 from pathlib import Path
 
 from avatar.llm.decoder import OrtDecoder
-from avatar.sidecar import Sidecar
 from export.llm.verify import step_ms
+from export.sidecar import Sidecar
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import numpy as np
 
-from avatar.sidecar import Sidecar, TensorSpec, sha256_file
 from export.common import (
     ArtifactRecipe,
     Tolerance,
@@ -36,6 +35,7 @@ from export.common import (
 from export.onnx_edit import set_output_dims
 from export.portrait import landmarks
 from export.portrait.rig import ARKIT_APPROXIMATIONS, MOUTH_COLORS, SIZE, TEETH_HEIGHT, Rig
+from export.sidecar import Sidecar, TensorSpec, sha256_file
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 
-from avatar.sidecar import Sidecar, TensorSpec
 from export.common import (
     ArtifactRecipe,
     Tolerance,
@@ -27,6 +26,7 @@ from export.common import (
     worst,
 )
 from export.onnx_edit import set_output_dims
+from export.sidecar import Sidecar, TensorSpec
 
 log = logging.getLogger(__name__)
 

@@ -30,15 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from avatar.model_config import (
-    ENGINE_RECORD,
-    check_against_sidecar,
-    model_names,
-    parse_config,
-    platform_of,
-)
-from avatar.sidecar import Sidecar
 from export.common import Tolerance
+from export.config_check import check_against_sidecar
+from export.sidecar import ENGINE_RECORD, Sidecar
 from export.tensorrt.engine import Shape, ShapeProfile, require_tensorrt
 from export.tensorrt.verify import (
     EngineVerificationError,
@@ -47,6 +41,7 @@ from export.tensorrt.verify import (
     onnx_reference,
     require_passed,
 )
+from model_configs.pbtxt import model_names, parse_config, platform_of
 
 log = logging.getLogger(__name__)
 

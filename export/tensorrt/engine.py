@@ -25,7 +25,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from avatar.sidecar import Sidecar
+from export.sidecar import Sidecar
 
 log = logging.getLogger(__name__)
 

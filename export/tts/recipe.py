@@ -23,7 +23,6 @@ from pathlib import Path
 
 import numpy as np
 
-from avatar.sidecar import Sidecar, sha256_file
 from avatar.tts.phonemes import Phonemizer, prepare
 from avatar.tts.synth import Controls, batch_inputs
 from avatar.tts.voice import Voice, packaged_voice
@@ -37,6 +36,7 @@ from export.common import (
     onnx_session,
     worst,
 )
+from export.sidecar import Sidecar, sha256_file
 from export.tts.int8 import VARIANT_FILE, build_variant
 
 log = logging.getLogger(__name__)

@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from avatar.sidecar import Sidecar, sha256_file
 from avatar.tts.phonemes import Phonemizer, prepare
 from avatar.tts.synth import Controls, batch_inputs
 from avatar.tts.voice import packaged_voice
 from export.common import ArtifactRecipe, describe_onnx, ensure, onnx_session
+from export.sidecar import Sidecar, sha256_file
 from export.tts.recipe import VitsRecipe
 
 log = logging.getLogger(__name__)

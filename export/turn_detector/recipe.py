@@ -23,7 +23,6 @@ from pathlib import Path
 
 import numpy as np
 
-from avatar.sidecar import Sidecar, sha256_file
 from export.common import (
     ArtifactRecipe,
     Tolerance,
@@ -34,6 +33,7 @@ from export.common import (
     worst,
 )
 from export.packages import package_file
+from export.sidecar import Sidecar, sha256_file
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,6 @@ from pathlib import Path
 
 import numpy as np
 
-from avatar.sidecar import Sidecar, sha256_file
 from avatar.turn_words import BUCKETS, FEATURES, features, words
 from export.common import (
     ArtifactRecipe,
@@ -39,6 +38,7 @@ from export.common import (
     worst,
 )
 from export.packages import package_file
+from export.sidecar import Sidecar, sha256_file
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,6 @@ from pathlib import Path
 
 import numpy as np
 
-from avatar.sidecar import Sidecar, sha256_file
 from export.common import (
     ArtifactRecipe,
     Tolerance,
@@ -36,6 +35,7 @@ from export.common import (
     onnx_session,
     worst,
 )
+from export.sidecar import Sidecar, sha256_file
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 It records what a Triton config must agree with (tensor names, dtypes, dims, which axis
 is the batch) and where the artifact came from (source checksum, opset, validation
-figures). `avatar.model_config` checks every `config.pbtxt` against it.
+figures). `export.config_check` checks every native model's `config.pbtxt` against it.
 """
 
 from __future__ import annotations
@@ -15,20 +15,9 @@ from typing import Any
 
 import numpy as np
 
-# numpy dtype name <-> Triton config data_type
-TRITON_DTYPES: dict[str, str] = {
-    "bool": "TYPE_BOOL",
-    "uint8": "TYPE_UINT8",
-    "int8": "TYPE_INT8",
-    "int16": "TYPE_INT16",
-    "int32": "TYPE_INT32",
-    "int64": "TYPE_INT64",
-    "float16": "TYPE_FP16",
-    "float32": "TYPE_FP32",
-    "float64": "TYPE_FP64",
-    "object": "TYPE_STRING",
-}
-NUMPY_DTYPES: dict[str, str] = {v: k for k, v in TRITON_DTYPES.items()}
+from avatar.config_dtypes import TRITON_DTYPES
+
+ENGINE_RECORD = "engine.json"  # written by `python -m export engines` beside model.plan
 
 Dim = int | str  # an int is fixed; a str names a dynamic axis ("batch", "samples", ...)
 

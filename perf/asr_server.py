@@ -57,7 +57,7 @@ def through_triton(url: str, audios: list[np.ndarray], streams: int) -> tuple[fl
 def in_process(runtime, vocab, audios: list[np.ndarray], streams: int) -> tuple[float, list[float]]:
     """The same clips in lockstep batches of `streams` (ms per utterance: its batch's time)."""
     from avatar.asr.transcribe import transcribe
-    from export.asr.int8 import SERVED
+    from evals.asr import SERVED
 
     times: list[float] = []
     started = time.perf_counter()

@@ -12,11 +12,19 @@ import pytest
 from avatar.asr.onnx_runtime import DECODER_STEP_FILE, OnnxWhisperRuntime
 from avatar.asr.transcribe import transcribe
 from avatar.asr.vocab import WhisperVocab
-from evals.clips import clips, long_clip
+from evals.clips import Clip, clips, long_clip
+from evals.reference_asr import reference_transcripts as _reference_transcripts
 from evals.wer import wer
-from export.asr.report import reference_transcripts
+from export.asr.weights import packaged_ct2_dir
+from export.common import cache_root
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def reference_transcripts(items: list[Clip]) -> list[str]:
+    """faster-whisper's transcripts of `items` by the packaged Whisper base (the ASR export's
+    reference, cached under the artifact cache)."""
+    return _reference_transcripts(items, packaged_ct2_dir(), cache_root())
 
 
 @pytest.fixture(scope="module")

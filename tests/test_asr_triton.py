@@ -9,10 +9,18 @@ import time
 import numpy as np
 import pytest
 
-from evals.clips import clips
-from export.asr.report import reference_transcripts
+from evals.clips import Clip, clips
+from evals.reference_asr import reference_transcripts as _reference_transcripts
+from export.asr.weights import packaged_ct2_dir
+from export.common import cache_root
 
 pytestmark = pytest.mark.server
+
+
+def reference_transcripts(items: list[Clip]) -> list[str]:
+    """faster-whisper's transcripts of `items` by the packaged Whisper base (the ASR export's
+    reference, cached under the artifact cache)."""
+    return _reference_transcripts(items, packaged_ct2_dir(), cache_root())
 
 
 @pytest.fixture(scope="module")

@@ -51,6 +51,7 @@ class _WhisperRecipe(ArtifactRecipe):
         HERE.parent / "gates.py",
         HERE / "int8.py",
         HERE.parents[1] / "evals" / "clips.py",  # the INT8 variant's calibration speech
+        HERE.parents[1] / "evals" / "asr.py",  # the served windows calibration decodes with
     )  # the gate's own code (WER, human recordings) keys its verdict: export.gates.gate_code
 
     def __init__(self, source: str | None = None, variants: bool = False):
@@ -315,6 +316,8 @@ def main() -> None:
     log.info("asr_encoder: %s", encoder)
     log.info("asr_decoder: %s", decoder)
     if args.report:
-        from export.asr.report import report
+        from evals.asr_report import report
+        from export.asr.weights import packaged_ct2_dir
+        from export.common import cache_root
 
-        report(encoder, decoder, args.clips)
+        report(encoder, decoder, packaged_ct2_dir(), cache_root(), args.clips)

@@ -32,8 +32,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
-import json
 import logging
 from collections.abc import Iterator
 from importlib import resources
@@ -46,6 +44,7 @@ from avatar.asr.onnx_runtime import DECODER_STEP_FILE, OnnxWhisperRuntime
 from avatar.asr.transcribe import AsrOptions, transcribe
 from avatar.asr.vocab import WhisperVocab
 from evals.clips import Clip
+from evals.reference_asr import reference_transcripts
 from evals.wer import corpus_wer
 from export.asr.recipe import DecoderRecipe, EncoderRecipe, _WhisperRecipe
 from export.common import ValidationError, cache_root, ensure
@@ -165,34 +164,7 @@ def tiny_runtime(encoder_dir: Path, decoder_dir: Path, threads: int = 1) -> Engl
     return EnglishOnlyRuntime(onnx, tiny_vocab())
 
 
-# ------------------------------------------------------------------- the CT2 reference
-
-
-def ct2_transcripts(items: list[Clip], ct2_dir: Path | None = None) -> list[str]:
-    """CTranslate2's transcripts through faster-whisper (float32, greedy, temperature 0, no
-    previous-text prompt, 1 thread), cached per (model, audio) under the artifact cache."""
-    folder = Path(ct2_dir or packaged_tiny_dir())
-    model_key = sha256_file(folder / "model.bin")[:16]
-    cache = cache_root() / "asr_tiny_reference"
-    cache.mkdir(parents=True, exist_ok=True)
-    model = None
-    out = []
-    for clip in items:
-        digest = hashlib.sha256(model_key.encode() + clip.audio.tobytes()).hexdigest()[:20]
-        path = cache / f"{digest}.json"
-        if path.is_file():
-            out.append(json.loads(path.read_text(encoding="utf-8"))["text"])
-            continue
-        if model is None:
-            from faster_whisper import WhisperModel
-
-            model = WhisperModel(str(folder), device="cpu", compute_type="float32", cpu_threads=1)
-        segments, _ = model.transcribe(
-            clip.audio, beam_size=1, temperature=0.0, condition_on_previous_text=False
-        )
-        out.append("".join(s.text for s in segments).strip())
-        path.write_text(json.dumps({"text": out[-1], "clip": clip.text}), encoding="utf-8")
-    return out
+# ------------------------------------------------------- the check against CTranslate2
 
 
 def check_transcripts(
@@ -203,7 +175,7 @@ def check_transcripts(
     WER vs CT2, WER of both vs the references."""
     vocab = tiny_vocab(ct2_dir)
     got = [t.text for t in transcribe(runtime, vocab, [c.audio for c in items], CHECK_OPTIONS)]
-    reference = ct2_transcripts(items, ct2_dir)
+    reference = reference_transcripts(items, Path(ct2_dir or packaged_tiny_dir()), cache_root())
     record = {
         "clips": len(items),
         "identical": sum(a == b for a, b in zip(got, reference, strict=True)),
@@ -251,6 +223,7 @@ class _TinyRecipe(_WhisperRecipe):
         HERE / "int8.py",  # TorchWhisperRuntime, the other half of the transcript check
         HERE.parents[1] / "evals" / "recordings.py",  # the check's speech
         HERE.parents[1] / "evals" / "wer.py",
+        HERE.parents[1] / "evals" / "reference_asr.py",  # what the check compares with
     )
 
     def __init__(self, source: str | None = None):

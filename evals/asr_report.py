@@ -1,4 +1,5 @@
 """Measured figures of the ASR export (`python -m export.asr --report`), printed, not asserted.
+The export passes its artifact folders and the packaged Whisper's CTranslate2 folder.
 
 - transcripts through ONNX Runtime vs faster-whisper (same weights, float32, greedy,
   temperature 0, no conditioning on previous text) on the Piper clips and one > 30-s clip;
@@ -10,8 +11,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import time
 from pathlib import Path
@@ -22,38 +21,11 @@ from avatar.asr.greedy import WhisperRuntime
 from avatar.asr.onnx_runtime import DECODER_STEP_FILE, OnnxWhisperRuntime
 from avatar.asr.transcribe import AsrOptions, transcribe
 from avatar.asr.vocab import WhisperVocab
-from evals.clips import Clip, clips, long_clip
+from evals.clips import clips, long_clip
+from evals.reference_asr import reference_transcripts
 from evals.wer import wer
-from export.asr.weights import packaged_ct2_dir
-from export.common import cache_root
 
 log = logging.getLogger(__name__)
-
-
-def reference_transcripts(items: list[Clip]) -> list[str]:
-    """faster-whisper's transcripts (float32, greedy, temperature 0, no previous-text prompt),
-    cached per (model, audio) under the artifact cache: the reference never changes."""
-    from faster_whisper import WhisperModel
-
-    folder = packaged_ct2_dir()
-    cache = cache_root() / "asr_reference"
-    cache.mkdir(parents=True, exist_ok=True)
-    model = None
-    out = []
-    for clip in items:
-        digest = hashlib.sha256(folder.name.encode() + clip.audio.tobytes()).hexdigest()[:20]
-        path = cache / f"{digest}.json"
-        if path.is_file():
-            out.append(json.loads(path.read_text(encoding="utf-8"))["text"])
-            continue
-        if model is None:
-            model = WhisperModel(str(folder), device="cpu", compute_type="float32", cpu_threads=1)
-        segments, _ = model.transcribe(
-            clip.audio, beam_size=1, temperature=0.0, condition_on_previous_text=False
-        )
-        out.append("".join(s.text for s in segments).strip())
-        path.write_text(json.dumps({"text": out[-1], "clip": clip.text}), encoding="utf-8")
-    return out
 
 
 def _ms(fn, repeat: int = 3) -> float:
@@ -87,14 +59,17 @@ def _compare(name: str, got: list[str], refs: list[str], texts: list[str]) -> No
             print(f"    differs: {g!r}\n         ref {r!r}")
 
 
-def report(encoder_dir: Path, decoder_dir: Path, count: int | None = None) -> None:
-    ct2 = packaged_ct2_dir()
+def report(
+    encoder_dir: Path, decoder_dir: Path, ct2: Path, cache_root: Path, count: int | None = None
+) -> None:
+    """Print the figures of the exported encoder and decoder folders, with the reference
+    transcripts of the CTranslate2 Whisper `ct2` (the same weights), cached in `cache_root`."""
     vocab = WhisperVocab.load(ct2 / "tokenizer.json", ct2 / "config.json")
     items = clips(count)
     items.append(long_clip(clips()[:12]))
     print(f"clips: {len(items)} ({sum(c.seconds for c in items):.0f} s, the last one "
           f"{items[-1].seconds:.1f} s long)")  # fmt: skip
-    refs = reference_transcripts(items)
+    refs = reference_transcripts(items, ct2, cache_root)
     texts = [c.text for c in items]
     audios = [c.audio for c in items]
 

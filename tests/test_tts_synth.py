@@ -99,13 +99,14 @@ def test_four_sentences_batched_equal_one_at_a_time(synth):
 
 def test_transcript_contains_the_words(synth):
     """Intelligibility on real audio: faster-whisper on the packaged Whisper base."""
+    from evals.reference_asr import speech_transcriber
     from evals.wer import word_errors
-    from export.tts.intelligibility import transcriber
+    from export.asr.weights import packaged_ct2_dir
 
     text = "Please bring three green apples to the kitchen."
     result = synth.synthesize_chunks(
         prepare(text, synth.phonemizer).chunks, Controls.defaults(synth.config, seed=2)
     )[0]
-    heard = transcriber()(result.audio, result.sample_rate)
+    heard = speech_transcriber(packaged_ct2_dir())(result.audio, result.sample_rate)
     errors, _ = word_errors(text, heard)
     assert errors <= 1, f"heard {heard!r}"

@@ -31,12 +31,13 @@ import numpy as np
 from avatar.tts.phonemes import Phonemizer, prepare
 from avatar.tts.synth import Controls, Synthesizer, batch_inputs, onnx_infer
 from avatar.tts.voice import packaged_voice
+from evals.reference_asr import speech_transcriber
 from evals.sentences import WER_SENTENCES
+from evals.tts import rtf
 from evals.wer import word_errors
 from export.common import onnx_session
 from export.gates import judged
 from export.quantize import VARIANT_FILE, faster, logged, quantize_qdq, side_by_side
-from export.tts.intelligibility import rtf, transcriber
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +103,9 @@ def gate(fp32_path: Path, int8_path: Path) -> dict:
     if len(chunks) != len(WER_SENTENCES):
         raise ValueError("every WER sentence must be one chunk (compared sentence by sentence)")
     controls = Controls.defaults(voice.config, seed=1234)
-    transcribe = transcriber()
+    from export.asr.weights import packaged_ct2_dir
+
+    transcribe = speech_transcriber(packaged_ct2_dir())
     synths, results, wer = {}, {}, {}
     for name, path in (("fp32", fp32_path), ("int8", int8_path)):
         synths[name] = Synthesizer(phonemizer, onnx_infer(onnx_session(path)))

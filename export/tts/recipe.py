@@ -13,7 +13,7 @@ graph on sentences it was not developed with (VERIFY_SENTENCES):
 4. short noise: noise shorter than needed is repeated in-graph exactly as documented.
 
 `python -m export.tts --report` prints size, real-time factor and word error rate of the
-FP32 / FP16 / INT8 variants (export/tts/report.py).
+FP32 / FP16 / INT8 variants (evals/tts.py).
 """
 
 from __future__ import annotations

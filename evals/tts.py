@@ -3,49 +3,69 @@
 For FP32, FP16 and INT8 (Q/DQ, export/tts/int8.py, served on the CPU while its gate
 passes): file size, real-time factor under ONNX Runtime on this CPU (compute seconds /
 audio seconds, 1 thread, batch 1 and 8), distance to the FP32 audio for the same seed, and
-intelligibility: word error rate of faster-whisper (packaged Whisper base, CTranslate2)
-over WER_SENTENCES, held out from development, verification and calibration.
+intelligibility: word error rate of faster-whisper (`evals.reference_asr.speech_transcriber`
+on the packaged Whisper base) over WER_SENTENCES, held out from development, verification
+and calibration. The export passes the variants' graphs and the Whisper folder.
+
+The speed measure, `rtf`, is the INT8 gate's too (export/tts/int8.py).
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from avatar.tts.phonemes import Phonemizer, prepare
+from avatar.tts.phonemes import Chunk, Phonemizer, prepare
 from avatar.tts.synth import Controls, Synthesizer, onnx_infer
 from avatar.tts.voice import packaged_voice
+from evals.reference_asr import speech_transcriber
 from evals.sentences import WER_SENTENCES
 from evals.wer import word_errors
-from export.common import ensure, onnx_session
-from export.tts.int8 import VARIANT_FILE
-from export.tts.intelligibility import THREADS, rtf, transcriber
-from export.tts.variants import VitsVariantRecipe
 
 log = logging.getLogger(__name__)
 
+THREADS = 1
 
-def report(fp32_folder: Path, sentences: int = len(WER_SENTENCES)) -> dict[str, dict]:
-    """Measure every variant that builds; print a table; return the figures."""
-    paths = {"fp32": fp32_folder / "model.onnx"}
-    try:
-        paths["fp16"] = ensure(VitsVariantRecipe("fp16")) / "model.onnx"
-    except Exception as error:  # reported, not fatal: the default is FP32
-        log.error("fp16 variant failed to build: %s", error)
-    paths["int8"] = fp32_folder / VARIANT_FILE  # built and gated with the export
+
+def rtf(synth: Synthesizer, chunks: list[Chunk], controls: Controls, batch: int) -> float:
+    """Compute seconds per audio second of `synth` over `chunks` in batches of `batch`."""
+    compute, audio_s = 0.0, 0.0
+    synth.synthesize_chunks(chunks[:1], controls)  # warm-up
+    for start in range(0, len(chunks), batch):
+        group = chunks[start : start + batch]
+        began = time.perf_counter()
+        results = synth.synthesize_chunks(group, controls)
+        compute += time.perf_counter() - began
+        audio_s += sum(r.audio.size / r.sample_rate for r in results)
+    return compute / audio_s
+
+
+def report(
+    paths: Mapping[str, Path],
+    whisper_dir: Path,
+    session: Callable[[Path, int], Any],
+    sentences: int = len(WER_SENTENCES),
+) -> dict[str, dict]:
+    """Measure the variants' graphs `paths` ({"fp32": ..., ...}; fp32 first, the others'
+    audio is compared with its), each run by `session(path, threads)` (the export's ONNX
+    Runtime session), with the Whisper in `whisper_dir` listening; print a table; return
+    the figures."""
     voice = packaged_voice()
     phonemizer = Phonemizer(voice.config)
     texts = WER_SENTENCES[:sentences]
     chunks = [c for t in texts for c in prepare(t, phonemizer).chunks]
     controls = Controls.defaults(voice.config, seed=1234)
-    transcribe = transcriber()
+    transcribe = speech_transcriber(whisper_dir)
     figures: dict[str, dict] = {}
     reference_audio: list[np.ndarray] = []
     for name, path in paths.items():
-        synth = Synthesizer(phonemizer, onnx_infer(onnx_session(path, threads=THREADS)))
+        synth = Synthesizer(phonemizer, onnx_infer(session(path, THREADS)))
         log.info("%s: synthesising and transcribing %d sentences", name, len(texts))
         results = [synth.synthesize_chunks([c], controls)[0] for c in chunks]
         errors = total = 0

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from avatar.llm.decoder import OrtDecoder
+from evals import llm_decoding
 from export.common import ArtifactRecipe, describe_onnx, ensure
 from export.gates import judged
 from export.llm import convert, decoder_onnx, verify
@@ -59,6 +60,7 @@ class LlmDecoderRecipe(ArtifactRecipe):
         Path(convert.__file__),
         Path(decoder_onnx.__file__),
         Path(verify.__file__),
+        Path(llm_decoding.__file__),  # the greedy agreement the verification asks for
         Path(__file__).parents[2] / "avatar" / "llm" / "decoder.py",
         Path(__file__).parents[1] / "quantize.py",
         Path(__file__).parents[1] / "gates.py",
@@ -180,28 +182,31 @@ class LlmDecoderRecipe(ArtifactRecipe):
         pad = tokenizer.pad_id
         rows = {}
         for label, batch in (("batch1", 1), ("batch5_left_padded", 5)):
-            ref = verify.greedy_rows(fp32, prompts, self.new_tokens, batch, pad)
-            got = rows[batch] = verify.greedy_rows(int8, prompts, self.new_tokens, batch, pad)
-            record[label] = dataclasses.asdict(verify.Agreement.of(ref, got))
+            ref = llm_decoding.greedy_rows(fp32, prompts, self.new_tokens, batch, pad)
+            got = rows[batch] = llm_decoding.greedy_rows(int8, prompts, self.new_tokens, batch, pad)
+            record[label] = dataclasses.asdict(llm_decoding.Agreement.of(ref, got))
             if batch == 1:
                 same = [
-                    verify.first_sentence(tokenizer.decode(a))
-                    == verify.first_sentence(tokenizer.decode(b))
+                    llm_decoding.first_sentence(tokenizer.decode(a))
+                    == llm_decoding.first_sentence(tokenizer.decode(b))
                     for a, b in zip(ref, got, strict=True)
                 ]
                 record["first_sentence_same"] = f"{sum(same)}/{len(same)}"
         # int8 compute rounds a row differently alone and in a batch (FP32 rows do not
         # depend on their batch): recorded, so a deployment that needs batch-independent
         # greedy replies knows to serve model.onnx
-        record["rows_independent"] = dataclasses.asdict(verify.Agreement.of(rows[1], rows[5]))
+        record["rows_independent"] = dataclasses.asdict(llm_decoding.Agreement.of(rows[1], rows[5]))
         texts = load_sentences()["heldout"][0]  # 105 sentences the LLM was not tuned on
         held = [tokenizer.encode(" ".join(texts[i : i + 5])) for i in range(0, len(texts), 5)]
-        perplexity = {"fp32": verify.perplexity(fp32, held), "int8": verify.perplexity(int8, held)}
+        perplexity = {
+            "fp32": llm_decoding.perplexity(fp32, held),
+            "int8": llm_decoding.perplexity(int8, held),
+        }
         record["perplexity"] = {k: round(v, 3) for k, v in perplexity.items()}
         record["heldout_tokens"] = sum(len(r) for r in held)
         decoders = {"fp32": fp32, "int8": int8}
         speed = side_by_side(
-            lambda name, batch: verify.step_ms(decoders[name], batch), rounds=3, digits=1
+            lambda name, batch: llm_decoding.step_ms(decoders[name], batch), rounds=3, digits=1
         )
         record["step_ms_1_thread"] = speed
         first = record["batch1"]["first_token"] / record["batch1"]["prompts"]
@@ -226,9 +231,9 @@ class LlmDecoderRecipe(ArtifactRecipe):
         quantize_weights(out_dir / "model.onnx", path, bits=4)
         int4 = OrtDecoder(path)
         record = verify.check_tokens(fp32, int4, prompts, self.new_tokens, pad, gate=False)
-        alone = verify.greedy_rows(int4, prompts, self.new_tokens, 1, pad)
-        batched = verify.greedy_rows(int4, prompts, self.new_tokens, 5, pad)
-        independent = verify.Agreement.of(alone, batched)
+        alone = llm_decoding.greedy_rows(int4, prompts, self.new_tokens, 1, pad)
+        batched = llm_decoding.greedy_rows(int4, prompts, self.new_tokens, 5, pad)
+        independent = llm_decoding.Agreement.of(alone, batched)
         record["rows_independent"] = dataclasses.asdict(independent)
         exact = record["batch1"]["exact"] / record["batch1"]["prompts"]
         record["gate"] = f"exact greedy agreement >= {VARIANT_GATE} and rows independent"

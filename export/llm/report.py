@@ -9,7 +9,7 @@ import logging
 from pathlib import Path
 
 from avatar.llm.decoder import OrtDecoder
-from export.llm.verify import step_ms
+from evals.llm_decoding import step_ms
 from export.sidecar import Sidecar
 
 log = logging.getLogger(__name__)

@@ -1,24 +1,23 @@
-"""Verification of an exported decoder against PyTorch, and measurements of it.
+"""Verification of an exported decoder against PyTorch.
 
 - logits and presents within tolerance on inputs other than the trace inputs (a left-padded
   batch with a nonzero past, and a first step with an empty past);
 - greedy tokens of ONNX Runtime equal to those of PyTorch for many chat prompts, at batch 1
-  and in a left-padded mixed-length batch.
+  and in a left-padded mixed-length batch (the agreement measured by evals.llm_decoding).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from avatar.llm.decoder import Decoder, KvLayout, Past, greedy, positions
+from avatar.llm.decoder import Decoder, KvLayout, Past, positions
 from avatar.llm.template import Message, with_persona
+from evals.llm_decoding import Agreement, greedy_rows
 from export.common import Tolerance, ValidationError, compare_outputs
 
 log = logging.getLogger(__name__)
@@ -136,50 +135,6 @@ def _real_positions(names: list[str], kv: Past, keep: np.ndarray) -> dict[str, n
     return {n: p.transpose(0, 2, 1, 3)[keep] for n, p in zip(names, kv, strict=True)}
 
 
-def prefix_agreement(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading tokens two sequences share."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-@dataclasses.dataclass
-class Agreement:
-    """Token agreement of a candidate's greedy continuations with a reference's."""
-
-    prompts: int
-    tokens: int
-    exact: int  # prompts whose continuation is identical
-    first_token: int  # prompts whose first token is identical
-    mean_prefix: float  # mean fraction of leading tokens that agree
-
-    @classmethod
-    def of(cls, ref: list[list[int]], got: list[list[int]]) -> Agreement:
-        prefix = [prefix_agreement(r, g) / len(r) for r, g in zip(ref, got, strict=True)]
-        return cls(
-            len(ref),
-            len(ref[0]),
-            sum(r == g for r, g in zip(ref, got, strict=True)),
-            sum(r[0] == g[0] for r, g in zip(ref, got, strict=True)),
-            float(np.mean(prefix)),
-        )
-
-    @property
-    def all_equal(self) -> bool:
-        return self.exact == self.prompts
-
-
-def greedy_rows(decoder: Decoder, prompts: list[list[int]], new: int, batch: int, pad: int):
-    """Greedy continuations, `batch` prompts at a time (mixed lengths, left padded)."""
-    out: list[list[int]] = []
-    for start in range(0, len(prompts), batch):
-        out += greedy(decoder, prompts[start : start + batch], new, pad)
-    return out
-
-
 def check_tokens(
     reference: Decoder,
     candidate: Decoder,
@@ -205,40 +160,3 @@ def check_tokens(
                 f"greedy tokens differ from PyTorch ({label}) for prompts {bad}: {agreement}"
             )
     return record
-
-
-def step_ms(decoder: Decoder, batch: int, past_len: int = 64, steps: int = 12) -> float:
-    """Median ms of one decode step (1 new token per row) with a past of `past_len`."""
-    layout = decoder.layout
-    shape = (batch, layout.kv_heads, past_len, layout.head_dim)
-    past = [np.zeros(shape, np.float32) for _ in range(2 * layout.layers)]
-    mask = np.ones((batch, past_len + 1), np.int64)
-    ids = np.ones((batch, 1), np.int64)
-    pos = positions(mask, 1)
-    times = []
-    for _ in range(steps):
-        started = time.perf_counter()
-        decoder.step(ids, mask, pos, past)
-        times.append((time.perf_counter() - started) * 1000)
-    return float(np.median(times[2:]))
-
-
-def perplexity(decoder: Decoder, rows: Sequence[Sequence[int]]) -> float:
-    """exp(mean next-token negative log-likelihood) over token rows, each one prefill."""
-    total, count = 0.0, 0
-    for row in rows:
-        ids = np.asarray([row], np.int64)
-        mask = np.ones_like(ids)
-        logits, _ = decoder.step(ids, mask, positions(mask, ids.shape[1]), decoder.layout.empty(1))
-        scores = logits[0, :-1].astype(np.float64)
-        scores -= scores.max(axis=-1, keepdims=True)
-        scores -= np.log(np.exp(scores).sum(axis=-1, keepdims=True))
-        total -= float(scores[np.arange(len(row) - 1), np.asarray(row[1:])].sum())
-        count += len(row) - 1
-    return float(np.exp(total / count))
-
-
-def first_sentence(text: str) -> list[str]:
-    """The words of a text's first sentence, lower case, without punctuation."""
-    head = re.split(r"(?<=[.!?])\s", text.strip(), maxsplit=1)[0]
-    return re.sub(r"[^a-z0-9' ]", " ", head.lower()).split()

@@ -53,7 +53,7 @@ def rig_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import matplotlib
     from PIL import Image
 
-    from export.portrait import landmarks
+    from evals import face_landmarks as landmarks
     from export.portrait.rig import build_rig
 
     photo = Path(matplotlib.get_data_path()) / "sample_data" / "grace_hopper.jpg"

@@ -1,6 +1,6 @@
 """The photo portrait: its rig (cheap checks of the offsets) and the quality of the frames the
 exported renderer draws for a spoken reply, measured by re-detecting the face in them
-(export/portrait/quality.py; the figures and their thresholds are explained there).
+(evals/portrait_quality.py; the figures and their thresholds are explained there).
 
 The first run builds the artifact (`ensure(PortraitRecipe())`); later runs find it cached.
 The reply's figures take ~15 s on one core.
@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 
 from avatar.animation.tables import ARKIT_INDEX, ARKIT_NAMES
+from evals import face_landmarks as lm
+from evals import portrait_quality as quality
 from export.common import ensure, onnx_session
-from export.portrait import landmarks as lm
-from export.portrait import quality
+from export.portrait.quality import measure
 from export.portrait.recipe import PortraitRecipe, example_inputs
 from export.portrait.rig import ARKIT_APPROXIMATIONS, Rig, build_rig
 
@@ -44,7 +45,7 @@ def session(artifact: Path):
 
 @pytest.fixture(scope="module")
 def figures(session, rig: Rig) -> dict[str, Any]:
-    return quality.measure(session, texts=(REPLY,), rig=rig)
+    return measure(session, texts=(REPLY,), rig=rig)
 
 
 def weights(**values: float) -> np.ndarray:
@@ -207,7 +208,7 @@ def test_no_holes(figures):
     check(figures, "holes")
 
 
-# Single expressions, re-detected on the rendered frames (export/portrait/expressions.py).
+# Single expressions, re-detected on the rendered frames (evals/portrait_expressions.py).
 # Before issue #45: eye aspect ratio 0.18 at a full blink (0.26 open), mouth width 0.92 of
 # rest at mouthFunnel 1 and 0.78 at mouthPucker 1, teeth one flat band without a gap.
 def test_a_full_blink_closes_the_eyes(figures):
@@ -230,7 +231,7 @@ def test_teeth_have_gaps_between_them(figures):
 
 
 def test_teeth_gap_count_fails_on_a_flat_band():
-    from export.portrait.expressions import teeth_gaps
+    from evals.portrait_expressions import teeth_gaps
 
     flat = np.full(60, 200.0)
     assert teeth_gaps(flat) == 0

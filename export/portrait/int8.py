@@ -8,7 +8,7 @@ spreads the vertices' displacements over the 4-px grid of the warp ([8448, 582] 
 weights, 23 MB of the 29 MB file). Everything else is Gather, GridSample and elementwise
 arithmetic on pixel coordinates. Static Q/DQ (`export.quantize`, per-channel INT8 weights,
 UINT8 activations, MinMax) calibrated on the animation of CALIBRATION_TEXT; judged on the
-replies of export/portrait/quality.py and 16 random blendshape sets it never saw:
+replies of evals/portrait_quality.py and 16 random blendshape sets it never saw:
 - pixels: the largest difference from FP32 and the share over MAX_LEVELS levels (the
   renderer's own verification allows 2 levels between ONNX Runtime and PyTorch);
 - SSIM (grayscale, 7x7 windows) per frame, at least MIN_SSIM;
@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from evals.frames import ssim
 from export.common import ensure, onnx_session
 from export.quantize import quantize_qdq, side_by_side
 
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 
 CALIBRATION_TEXT = "Good morning! I hope you slept well, shall we plan the day?"
 MAX_LEVELS = 3
-MAX_SHARE = 1e-3  # of pixels over MAX_LEVELS (export/portrait/quality.py's bound)
+MAX_SHARE = 1e-3  # of pixels over MAX_LEVELS (evals/portrait_quality.py's bound)
 MIN_SSIM = 0.99
 RUNS = 10
 
@@ -53,24 +54,9 @@ CANDIDATES = (
 )
 
 
-def ssim(a: np.ndarray, b: np.ndarray, window: int = 7) -> float:
-    """Mean structural similarity of two RGB uint8 frames [S, S, 3], on their luma."""
-    from scipy.ndimage import uniform_filter
-
-    weights = np.array([0.299, 0.587, 0.114])
-    x, y = (np.asarray(f, np.float64) @ weights for f in (a, b))
-    c1, c2 = (0.01 * 255) ** 2, (0.03 * 255) ** 2
-    mx, my = uniform_filter(x, window), uniform_filter(y, window)
-    vx = uniform_filter(x * x, window) - mx * mx
-    vy = uniform_filter(y * y, window) - my * my
-    cov = uniform_filter(x * y, window) - mx * my
-    index = ((2 * mx * my + c1) * (2 * cov + c2)) / ((mx**2 + my**2 + c1) * (vx + vy + c2))
-    return float(index.mean())
-
-
 def evaluation_inputs() -> dict[str, np.ndarray]:
     """The quality replies' frames and 16 random blendshape sets, as one batch of inputs."""
-    from export.portrait.quality import RANDOM_SETS, TEXTS, synthetic_reply
+    from evals.portrait_quality import RANDOM_SETS, TEXTS, synthetic_reply
     from export.portrait.recipe import example_inputs
 
     shapes = [synthetic_reply(text).animation.blendshapes for text in TEXTS]
@@ -104,7 +90,7 @@ def compare(fp32: np.ndarray, int8: np.ndarray) -> dict:
 
 def measure(folder: Path, out: Path) -> list[dict]:
     """One row per candidate: its pixel figures against FP32 and its speed."""
-    from export.portrait.quality import render, synthetic_reply
+    from evals.portrait_quality import render, synthetic_reply
 
     source = folder / "model.onnx"
     calibration = synthetic_reply(CALIBRATION_TEXT).animation.blendshapes.astype(np.float32)

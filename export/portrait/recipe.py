@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from evals import face_landmarks as landmarks
 from export.common import (
     ArtifactRecipe,
     Tolerance,
@@ -33,7 +34,6 @@ from export.common import (
     worst,
 )
 from export.onnx_edit import set_output_dims
-from export.portrait import landmarks
 from export.portrait.rig import ARKIT_APPROXIMATIONS, MOUTH_COLORS, SIZE, TEETH_HEIGHT, Rig
 from export.sidecar import Sidecar, TensorSpec, sha256_file
 
@@ -109,7 +109,7 @@ class PortraitRecipe(ArtifactRecipe):
     name = "portrait_renderer"
     code_files = (
         Path(__file__).parent / "rig.py",
-        Path(__file__).parent / "landmarks.py",
+        Path(__file__).parents[2] / "evals" / "face_landmarks.py",
         Path(__file__).parents[2] / "networks" / "portrait.py",
         Path(__file__).parents[1] / "onnx_edit.py",
     )

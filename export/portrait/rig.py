@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from avatar.animation.tables import ARKIT_INDEX, ARKIT_NAMES
-from export.portrait import landmarks as lm
+from evals import face_landmarks as lm
 
 SIZE = 512  # rendered frames are SIZE x SIZE
 FACE_HEIGHT_IN_CROP = 0.46  # forehead-to-chin / crop side: head, hair and neck in view

@@ -1,10 +1,10 @@
 """Single expressions at full weight, measured on the rendered frames (issue #45, item 2).
 
-The replies of `export.portrait.quality` test lip sync; these test that a shape draws what
+The replies of `evals.portrait_quality` test lip sync; these test that a shape draws what
 its name says, re-detected by MediaPipe's face mesh on the rendered frame (not read from
 the rig's vertices), against the neutral frame re-detected the same way:
 
-- a full blink closes the eyes: eye aspect ratio (landmarks.eye_aspect_ratio) at
+- a full blink closes the eyes: eye aspect ratio (`eye_aspect_ratio`) at
   eyeBlinkLeft = eyeBlinkRight = 1 below MAX_BLINK_EAR on both eyes;
 - mouthFunnel / mouthPucker narrow the lips: the outer corners' distance at weight 1 at
   most MAX_NARROW_WIDTH (MAX_PUCKER_WIDTH) of the neutral frame's, and the chin does not
@@ -22,12 +22,12 @@ from typing import Any
 import numpy as np
 
 from avatar.animation.tables import ARKIT_INDEX
-from export.portrait import landmarks as lm
+from evals import face_landmarks as lm
 
 MAX_BLINK_EAR = 0.05
 MAX_NARROW_WIDTH = 0.8  # of the neutral mouth width, at mouthFunnel 1 (issue #45's target)
 # mouthPucker squeezes less: on a photo smiling with its teeth shown, MediaPipe reads a
-# squeezed mouth as less open, and the replies' lip-sync correlation (quality.py's >= 0.9)
+# squeezed mouth as less open, and the replies' lip-sync correlation (portrait_quality.py's >= 0.9)
 # fell to 0.87 with pucker at 0.7 of the rest width (0.90 at 0.78)
 MAX_PUCKER_WIDTH = 0.85
 MAX_NARROW_CHIN_DROP = 0.05  # eye distances: funnel and pucker do not open the jaw

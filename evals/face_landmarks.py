@@ -1,5 +1,9 @@
 """MediaPipe face-mesh landmarks: the detector and the index groups the rig is built from.
 
+The reference face detector of the project: the portrait export rigs its photo with it
+(export/portrait/rig.py), and the quality checks re-detect the rendered frames with it
+(evals/portrait_quality.py, evals/portrait_expressions.py).
+
 The 478-point mesh (468 + 10 iris points with `refine_landmarks`) of MediaPipe's
 `face_landmark_with_attention.tflite`, run through its face-mesh graph (mediapipe==0.10.21,
 Apache-2.0). Indices follow MediaPipe's canonical face model; "right"/"left" below are the

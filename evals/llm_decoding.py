@@ -12,17 +12,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from avatar.llm.cache import common_prefix
 from avatar.llm.decoder import Decoder, greedy, positions
-
-
-def prefix_agreement(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading tokens two sequences share."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 @dataclasses.dataclass
@@ -37,7 +28,7 @@ class Agreement:
 
     @classmethod
     def of(cls, ref: list[list[int]], got: list[list[int]]) -> Agreement:
-        prefix = [prefix_agreement(r, g) / len(r) for r, g in zip(ref, got, strict=True)]
+        prefix = [common_prefix(r, g) / len(r) for r, g in zip(ref, got, strict=True)]
         return cls(
             len(ref),
             len(ref[0]),

@@ -156,23 +156,22 @@ def test_packages_import_downwards_only():
     assert not bad, "\n".join(bad)
 
 
-def test_no_torch_where_images_run_without_it():
-    bad = [
+def _imported_by(packages: tuple[str, ...], top: str) -> list[str]:
+    """`module imports name` for every import of the top-level package `top` in `packages`."""
+    return [
         f"{name} imports {imported}"
         for name, path in sorted(_modules().items())
-        if name.startswith(NO_TORCH)
+        if name.startswith(packages)
         for imported in _imports(path, name)
-        if imported.split(".")[0] == "torch"
+        if imported.split(".")[0] == top
     ]
+
+
+def test_no_torch_where_images_run_without_it():
+    bad = _imported_by(NO_TORCH, "torch")
     assert not bad, bad
 
 
 def test_no_tritonclient_in_the_core():
-    bad = [
-        f"{name} imports {imported}"
-        for name, path in sorted(_modules().items())
-        if name.startswith(NO_TRITONCLIENT)
-        for imported in _imports(path, name)
-        if imported.split(".")[0] == "tritonclient"
-    ]
+    bad = _imported_by(NO_TRITONCLIENT, "tritonclient")
     assert not bad, bad

@@ -189,8 +189,11 @@ def test_dockerfile_stages_match_compose() -> None:
     for stage, block in blocks.items():
         users = re.findall(r"^USER (\S+)$", block, re.MULTILINE)
         assert users and users[-1].split(":")[0] not in ("0", "root"), stage
-    for stage in ("engines", "server"):  # `python3 -m serving ...` and serving.health
-        assert "COPY serving serving" in blocks[stage], stage
+    # `python3 -m export build`, `python3 -m serving ...` and serving.health, and what they
+    # import (the configs' reader, the export's checks and metrics)
+    for stage in ("engines", "server"):
+        for package in ("avatar", "model_configs", "evals", "export", "networks", "serving"):
+            assert f"COPY {package} {package}" in blocks[stage], (stage, package)
     assert "COPY docker/triton-entrypoint.sh" in blocks["server"]
     entrypoint = (PROJECT_ROOT / "docker" / "triton-entrypoint.sh").read_text()
     assert 'python3 -m serving.health --serve "${AVATAR_HEALTH_PORT:-8003}"' in entrypoint

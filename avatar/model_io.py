@@ -58,8 +58,28 @@ class TensorSpec:
             raise ValueError(f"{self.name}: shape {array.shape} does not fit dims {self.dims}")
         return array
 
+    def rows(self, value: Any) -> np.ndarray:
+        """Rows of this tensor with the batch axis first (a batched model's request of several
+        rows); ValueError when a row's shape does not fit."""
+        array = np.ascontiguousarray(value, NUMPY[self.dtype])
+        if array.ndim != len(self.dims) + 1 or any(
+            want not in (-1, have) for have, want in zip(array.shape[1:], self.dims, strict=True)
+        ):
+            raise ValueError(
+                f"{self.name}: shape {array.shape} is not rows of dims {self.dims} "
+                "(the batch axis first)"
+            )
+        return array
+
     def decode(self, array: np.ndarray, kind: str) -> Any:
-        """This tensor as a value of `kind` (the inverse of `encode`)."""
+        """This tensor as a value of `kind` (the inverse of `encode`); ValueError when a
+        string is not UTF-8 or a JSON value not JSON."""
+        try:
+            return self._decode(array, kind)
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise ValueError(f"{self.name}: not {kind} ({error})") from None
+
+    def _decode(self, array: np.ndarray, kind: str) -> Any:
         if kind in (TEXT, JSON):
             value = np.asarray(array).reshape(-1)[0]
             text = value.decode("utf-8") if isinstance(value, bytes) else str(value)
@@ -115,7 +135,8 @@ class ModelIO:
     """One model's call: `request(**values)` -> its input tensors, `read_request(get)` on
     the model's side, `response(**values)` -> its output tensors, `read_response(arrays)`
     on the caller's. `batched`: the config has max_batch_size > 0, so a request's tensors
-    carry a batch axis of 1 and a response's rows are read from its first."""
+    carry a batch axis of 1 and a response's rows are read from its first; `rows(**arrays)`
+    and `read_rows(arrays)` are a batched model's request and response of several rows."""
 
     model: str
     inputs: dict[str, Value]
@@ -139,7 +160,26 @@ class ModelIO:
         """The caller's side: each output present in `arrays`, decoded."""
         return {k: v for k, v in self._decode(self.outputs, arrays).items() if v is not None}
 
-    def _encode(self, specs: dict[str, Value], values: dict[str, Any], what: str):
+    def rows(self, **arrays: Any) -> dict[str, np.ndarray]:
+        """The inputs of one request of several rows (a batched model): each array has the
+        batch axis first and the same number of rows; None leaves an optional input out."""
+        if not self.batched:
+            raise ValueError(f"{self.model}: not a batched model (max_batch_size 0): request()")
+        tensors = self._checked(self.inputs, arrays, "input", lambda spec, a: spec.rows(a))
+        counts = {name: len(array) for name, array in tensors.items()}
+        if len(set(counts.values())) > 1:
+            raise ValueError(f"{self.model}: inputs of different row counts {counts}")
+        return tensors
+
+    def read_rows(self, arrays: Mapping[str, np.ndarray | None]) -> dict[str, np.ndarray]:
+        """The caller's side of `rows`: each output present in `arrays`, its rows checked."""
+        return {
+            name: value.spec.rows(arrays[name])
+            for name, value in self.outputs.items()
+            if arrays.get(name) is not None
+        }
+
+    def _checked(self, specs: dict[str, Value], values: dict[str, Any], what: str, encode):
         unknown = set(values) - set(specs)
         if unknown:
             raise ValueError(f"{self.model}: no {what} {sorted(unknown)}; it has {list(specs)}")
@@ -150,9 +190,15 @@ class ModelIO:
                 if what == "input" and not value.spec.optional:
                     raise ValueError(f"{self.model}: input {name!r} is required")
                 continue
-            array = value.spec.encode(given, value.kind)
-            tensors[name] = array[None] if self.batched else array
+            tensors[name] = encode(value.spec, given)
         return tensors
+
+    def _encode(self, specs: dict[str, Value], values: dict[str, Any], what: str):
+        def encode(spec: TensorSpec, given: Any) -> np.ndarray:
+            array = spec.encode(given, specs[spec.name].kind)
+            return array[None] if self.batched else array
+
+        return self._checked(specs, values, what, encode)
 
     def _decode(self, specs: dict[str, Value], arrays: Mapping[str, np.ndarray | None]):
         decoded: dict[str, Any] = {}
@@ -284,7 +330,114 @@ LIPSYNC = ModelIO(
     ),
     batched=True,
 )
+AVATAR_ANIMATE = ModelIO(  # the second step of avatar_say, after avatar_speech
+    "avatar_animate",
+    inputs=_values(
+        ("phonemes", "BYTES", (-1,), STRINGS, False),
+        ("phoneme_starts", "FP32", (-1,), ARRAY, False),
+        ("phoneme_ends", "FP32", (-1,), ARRAY, False),
+        ("duration", "FP32", (1,), SCALAR, True),
+        ("controls", "BYTES", (1,), TEXT, True),  # avatar.pipeline.request.Controls as JSON
+    ),
+    outputs=_values(
+        ("blendshapes", "FP32", (-1, 52), ARRAY, False),
+        ("head_pose", "FP32", (-1, 3), ARRAY, False),
+        ("fps", "FP32", (1,), SCALAR, False),
+        ("animation", "BYTES", (1,), JSON, False),
+    ),
+)
+EMOTION_ENCODER = ModelIO(  # rows of avatar.animation.emotion_classifier.SentenceTokenizer
+    "emotion_encoder",
+    inputs=_values(
+        ("input_ids", "INT64", (-1,), ARRAY, False),
+        ("attention_mask", "INT64", (-1,), ARRAY, False),
+    ),
+    outputs=_values(("embedding", "FP32", (384,), ARRAY, False)),
+    batched=True,
+)
+
+
+def _renderer(model: str, size: int) -> ModelIO:
+    """A face's renderer: a row per frame, ARKit-52 weights and a head pose -> RGB."""
+    return ModelIO(
+        model,
+        inputs=_values(
+            ("blendshapes", "FP32", (52,), ARRAY, False),
+            ("head_pose", "FP32", (3,), ARRAY, False),
+        ),
+        outputs=_values(("frames", "UINT8", (size, size, 3), ARRAY, False)),
+        batched=True,
+    )
+
+
+RENDERER = _renderer("renderer", 256)  # the cartoon face
+PORTRAIT_RENDERER = _renderer("portrait_renderer", 512)
+# The networks the BLS models call (avatar/triton's runners serve them in the embedded
+# target): a row per window, sequence step or sentence.
+ASR_ENCODER = ModelIO(
+    "asr_encoder",
+    inputs=_values(("mel", "FP32", (80, -1), ARRAY, False)),  # avatar.asr.features
+    outputs=_values(
+        ("encoder_hidden_states", "FP32", (-1, 512), ARRAY, False),
+        ("cross_kv", "FP32", (12, 8, -1, 64), ARRAY, False),  # [2 x layers, heads, T, Dh]
+    ),
+    batched=True,
+)
+ASR_DECODER = ModelIO(  # a sequence: its caches are implicit state (config.pbtxt)
+    "asr_decoder",
+    inputs=_values(
+        ("tokens", "INT64", (-1,), ARRAY, False),
+        ("encoder_kv", "FP32", (12, 8, -1, 64), ARRAY, False),  # on START only, else T = 0
+    ),
+    outputs=_values(("logits", "FP32", (51865,), ARRAY, False)),
+    batched=True,
+)
+LLM_DECODER = ModelIO(  # a sequence: its KV cache is implicit state (config.pbtxt)
+    "llm_decoder",
+    inputs=_values(
+        ("input_ids", "INT64", (-1,), ARRAY, False),
+        ("attention_mask", "INT64", (-1,), ARRAY, False),
+        ("position_ids", "INT64", (-1,), ARRAY, False),
+    ),
+    outputs=_values(("logits", "FP32", (-1, 49152), ARRAY, False)),
+    batched=True,
+)
+TTS_VITS = ModelIO(  # a row per sentence (avatar.tts.synth.batch_inputs)
+    "tts_vits",
+    inputs=_values(
+        ("phoneme_ids", "INT64", (-1,), ARRAY, False),
+        ("phoneme_lengths", "INT64", (1,), ARRAY, False),
+        ("scales", "FP32", (3,), ARRAY, False),  # noise_scale, length_scale, noise_w
+        ("noise_phonemes", "FP32", (2, -1), ARRAY, False),
+        ("noise_frames", "FP32", (192, -1), ARRAY, False),
+    ),
+    outputs=_values(
+        ("audio", "FP32", (-1,), ARRAY, False),
+        ("audio_lengths", "INT64", (1,), ARRAY, False),
+        ("durations", "INT64", (-1,), ARRAY, False),
+    ),
+    batched=True,
+)
+RENDERERS = {"portrait": PORTRAIT_RENDERER, "cartoon": RENDERER}  # by face
 MODELS = {
     io.model: io
-    for io in (LLM, TTS, ASR, AVATAR_SPEECH, AVATAR_SAY, TURN_DETECTOR, TURN_WORDS, VAD, LIPSYNC)
+    for io in (
+        LLM,
+        TTS,
+        ASR,
+        AVATAR_SPEECH,
+        AVATAR_SAY,
+        AVATAR_ANIMATE,
+        TURN_DETECTOR,
+        TURN_WORDS,
+        VAD,
+        LIPSYNC,
+        EMOTION_ENCODER,
+        RENDERER,
+        PORTRAIT_RENDERER,
+        ASR_ENCODER,
+        ASR_DECODER,
+        LLM_DECODER,
+        TTS_VITS,
+    )
 }

@@ -14,11 +14,13 @@ from collections.abc import Callable
 
 import numpy as np
 
+from avatar.model_io import VAD
+
 SAMPLE_RATE = 16000
 CHUNK = 512
 CONTEXT = 64
 STATE_SHAPE = (2, 128)
-OUTPUTS = ("speech_prob", "next_context", "next_state")
+OUTPUTS = tuple(VAD.outputs)  # speech_prob, next_context, next_state
 CHUNK_S = CHUNK / SAMPLE_RATE
 
 
@@ -45,8 +47,8 @@ class VadStream:
         self.context = np.zeros((self.sessions, CONTEXT), np.float32)
 
     def inputs(self, chunk: np.ndarray) -> dict[str, np.ndarray]:
-        """Model inputs for `chunk` [sessions, 512]."""
-        return {"chunk": chunk, "context": self.context, "state": self.state}
+        """Model inputs for `chunk` [sessions, 512] (avatar.model_io.VAD, a row a session)."""
+        return VAD.rows(chunk=chunk, context=self.context, state=self.state)
 
     def update(self, outputs: dict[str, np.ndarray]) -> np.ndarray:
         """Keep the returned state; return speech_prob [sessions]."""

@@ -13,12 +13,11 @@ from typing import Any
 import numpy as np
 
 from avatar.conversation_tokens import NEW_SESSION
-from avatar.model_io import AVATAR_SAY, infer_inputs
+from avatar.model_io import AVATAR_SAY, RENDERERS, infer_inputs
 from gateway.triton_client import TritonClient, TurnCall
 
 log = logging.getLogger(__name__)
 
-RENDERERS = {"portrait": "portrait_renderer", "cartoon": "renderer"}
 RENDER_BATCH = 16  # the renderers' max_batch_size
 
 
@@ -48,7 +47,8 @@ class Anchor:
         if face not in RENDERERS:
             raise ValueError(f"face={face!r}: expected one of {sorted(RENDERERS)}")
         self.client, self.headers = client, dict(headers or {})
-        self.renderer = RENDERERS[face]
+        self.render_io = RENDERERS[face]
+        self.renderer = self.render_io.model
         self.turns = TritonClient(client, headers=headers)
         self.controls = dict(controls or {})
         # the broadcast's one conversation: the server's token, once the first turn made it
@@ -96,18 +96,15 @@ class Anchor:
         most the renderer's batch."""
         import tritonclient.grpc.aio as grpcclient
 
-        chunks = []
+        io, chunks = self.render_io, []
         for start in range(0, len(blendshapes), RENDER_BATCH):
             rows = slice(start, start + RENDER_BATCH)
-            tensors = {
-                "blendshapes": np.ascontiguousarray(blendshapes[rows], np.float32),
-                "head_pose": np.ascontiguousarray(head_pose[rows], np.float32),
-            }
+            tensors = io.rows(blendshapes=blendshapes[rows], head_pose=head_pose[rows])
             result = await self.client.infer(
-                self.renderer,
+                io.model,
                 infer_inputs(tensors, grpcclient.InferInput),
-                outputs=[grpcclient.InferRequestedOutput("frames")],
+                outputs=[grpcclient.InferRequestedOutput(n) for n in io.outputs],
                 headers=self.headers,
             )
-            chunks.append(result.as_numpy("frames"))
+            chunks.append(io.read_rows({n: result.as_numpy(n) for n in io.outputs})["frames"])
         return np.concatenate(chunks)

@@ -25,7 +25,7 @@ from avatar.animation import AnimationConfig
 from avatar.animation.lipsync import animate_probs
 from avatar.animation.tables import ARKIT_NAMES, VISEMES
 from avatar.audio import read_wav, resample
-from avatar.model_io import infer_inputs
+from avatar.model_io import LIPSYNC, infer_inputs
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ HOP = 160  # samples per model frame (networks/lipsync.py)
 WINDOW_S = 2.0
 CONTEXT_S = 0.5  # >= the receptive field (0.33 s) plus half an STFT window
 MAX_BATCH = 16  # windows per request: model_repository/lipsync/config.pbtxt max_batch_size
-OUTPUTS = ("viseme_probs", "mouth_open")
+OUTPUTS = tuple(LIPSYNC.outputs)  # viseme_probs, mouth_open
 
 
 def windows(audio: np.ndarray, window: int, context: int) -> np.ndarray:
@@ -47,7 +47,7 @@ def windows(audio: np.ndarray, window: int, context: int) -> np.ndarray:
 
 def infer_windows(client: grpcclient.InferenceServerClient, batch: np.ndarray, model: str):
     """One request: windows [B, S] -> (viseme_probs [B, F, 15], mouth_open [B, F])."""
-    inputs = infer_inputs({"audio": np.asarray(batch, np.float32)}, grpcclient.InferInput)
+    inputs = infer_inputs(LIPSYNC.rows(audio=batch), grpcclient.InferInput)
     result = client.infer(
         model, inputs, outputs=[grpcclient.InferRequestedOutput(n) for n in OUTPUTS]
     )

@@ -22,8 +22,7 @@ log = logging.getLogger(__name__)
 
 
 def infer(client: grpcclient.InferenceServerClient, model: str, arrays: dict[str, np.ndarray]):
-    tensors = {name: np.asarray(array, np.float32) for name, array in arrays.items()}
-    inputs = infer_inputs(tensors, grpcclient.InferInput)
+    inputs = infer_inputs(arrays, grpcclient.InferInput)  # VadStream.inputs: avatar.model_io.VAD
     outputs = [grpcclient.InferRequestedOutput(name) for name in OUTPUTS]
     result = client.infer(model, inputs, outputs=outputs)
     return {name: result.as_numpy(name) for name in OUTPUTS}

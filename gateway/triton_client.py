@@ -178,12 +178,9 @@ class TritonClient:
     ) -> float:
         """The `vad` model's speech probability of one chunk [512]; `stream` keeps the
         session's recurrent state (the server keeps none)."""
-        inputs = {
-            name: value.astype(np.float32) for name, value in stream.inputs(chunk[None]).items()
-        }
         result = await self.client.infer(
             self.vad_model,
-            _inputs(inputs),
+            _inputs(stream.inputs(chunk[None])),
             outputs=_outputs(VAD_OUTPUTS),
             headers=self._headers(session),
         )

@@ -7,6 +7,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from avatar.model_io import ASR, ASR_ENCODER, AVATAR_SAY, LLM, RENDERER, TTS
+
 Sample = dict[str, np.ndarray]
 
 
@@ -22,7 +24,7 @@ def vad_samples(count: int = 32) -> list[Sample]:
     stream, samples = VadStream(), []
     for chunk in chunks(speech)[:count]:
         feeds = stream.inputs(chunk[None])
-        samples.append({k: v[0] for k, v in feeds.items()})
+        samples.append(_row(feeds))
         stream.update(dict(zip(OUTPUTS, session.run(list(OUTPUTS), feeds), strict=True)))
     return samples
 
@@ -32,7 +34,7 @@ def asr_samples() -> list[Sample]:
     from avatar.audio import reference_speech
 
     texts = ["What time does the museum open on Sunday?", "Turn the lights off, please."]
-    return [{"audio": reference_speech(t)} for t in texts]
+    return [_row(ASR.request(audio=reference_speech(t))) for t in texts]
 
 
 # --------------------------------------------------------------------------- shared text
@@ -62,6 +64,11 @@ def _bytes(text: str) -> np.ndarray:
     return np.array([text.encode("utf-8")], dtype=object)
 
 
+def _row(tensors: Sample, row: int = 0) -> Sample:
+    """One row of a batched model's tensors (perf_analyzer's data have no batch axis)."""
+    return {name: array[row] for name, array in tensors.items()}
+
+
 # --------------------------------------------------------------------------- native models
 
 
@@ -78,8 +85,7 @@ def tts_vits_samples(texts: tuple[str, ...] = REPLY_SENTENCES) -> list[Sample]:
     samples = []
     for text in texts:
         for chunk in prepare(text, phonemizer).chunks:
-            feeds = batch_inputs([chunk.ids], [controls], pad_to=64)
-            samples.append({k: v[0] for k, v in feeds.items()})
+            samples.append(_row(batch_inputs([chunk.ids], [controls], pad_to=64)))
     return samples
 
 
@@ -88,7 +94,8 @@ def asr_encoder_samples() -> list[Sample]:
     from avatar.asr.features import log_mel, pad_or_trim
     from avatar.audio import reference_speech
 
-    return [{"mel": pad_or_trim(log_mel(reference_speech(t)))} for t in QUESTIONS[:2]]
+    mels = [pad_or_trim(log_mel(reference_speech(t))) for t in QUESTIONS[:2]]
+    return [_row(ASR_ENCODER.rows(mel=mel[None])) for mel in mels]
 
 
 def renderer_samples(count: int = 32) -> list[Sample]:
@@ -108,29 +115,27 @@ def renderer_samples(count: int = 32) -> list[Sample]:
     timings = zip(speech.phonemes, speech.starts.tolist(), speech.ends.tolist(), strict=True)
     animation = animate(list(timings), text=speech.text)
     step = max(1, len(animation.blendshapes) // count)
-    return [
-        {"blendshapes": animation.blendshapes[i], "head_pose": animation.head_pose[i]}
-        for i in range(0, len(animation.blendshapes), step)
-    ][:count]
+    frames = RENDERER.rows(
+        blendshapes=animation.blendshapes[::step][:count],
+        head_pose=animation.head_pose[::step][:count],
+    )
+    return [_row(frames, i) for i in range(len(frames["blendshapes"]))]
 
 
 # --------------------------------------------------------------------------- public models
 
 
 def tts_samples() -> list[Sample]:
-    return [{"text": _bytes(t)} for t in REPLY_SENTENCES]
+    return [TTS.request(text=t) for t in REPLY_SENTENCES]
 
 
 def avatar_say_samples() -> list[Sample]:
-    return [{"text": _bytes(t)} for t in REPLY_SENTENCES[:3]]
+    return [AVATAR_SAY.request(text=t) for t in REPLY_SENTENCES[:3]]
 
 
 def llm_samples() -> list[Sample]:
     return [
-        {
-            "messages": _bytes(json.dumps([{"role": "user", "content": q}])),
-            "sampling": _bytes(json.dumps(SAMPLING)),
-        }
+        LLM.request(messages=[{"role": "user", "content": q}], sampling=SAMPLING)
         for q in QUESTIONS[:4]
     ]
 

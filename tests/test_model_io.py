@@ -63,3 +63,48 @@ def test_a_request_becomes_tritonclients_inputs_with_their_triton_dtypes() -> No
     }  # fmt: skip
     stop = infer_inputs(LLM.request(stop=True), grpcclient.InferInput)
     assert [(i.name(), i.datatype()) for i in stop] == [("stop", "BOOL")]
+
+
+def test_a_batched_request_of_several_rows_is_checked_row_by_row() -> None:
+    from avatar.model_io import EMOTION_ENCODER, PORTRAIT_RENDERER, VAD
+
+    frames = PORTRAIT_RENDERER.rows(blendshapes=np.zeros((5, 52)), head_pose=np.zeros((5, 3)))
+    assert {k: (v.dtype, v.shape) for k, v in frames.items()} == {
+        "blendshapes": (np.float32, (5, 52)), "head_pose": (np.float32, (5, 3)),
+    }  # fmt: skip
+    with pytest.raises(ValueError, match="different row counts"):
+        PORTRAIT_RENDERER.rows(blendshapes=np.zeros((5, 52)), head_pose=np.zeros((4, 3)))
+    with pytest.raises(ValueError, match=r"head_pose: shape \(5,\) is not rows of dims \(3,\)"):
+        PORTRAIT_RENDERER.rows(blendshapes=np.zeros((5, 52)), head_pose=np.zeros(5))
+    with pytest.raises(ValueError, match="not a batched model"):
+        LLM.rows(messages=[[]])
+    tokens = EMOTION_ENCODER.rows(input_ids=[[101, 7, 102]], attention_mask=[[1, 1, 1]])
+    assert tokens["input_ids"].dtype == np.int64
+    embedding = EMOTION_ENCODER.read_rows({"embedding": np.ones((2, 384), np.float32)})
+    assert embedding["embedding"].shape == (2, 384)
+    with pytest.raises(ValueError, match="not rows of dims"):
+        EMOTION_ENCODER.read_rows({"embedding": np.ones((2, 383), np.float32)})
+    state = VAD.rows(
+        chunk=np.zeros((2, 512)), context=np.zeros((2, 64)), state=np.zeros((2, 2, 128))
+    )
+    assert all(v.dtype == np.float32 and len(v) == 2 for v in state.values())
+
+
+def test_the_model_side_reads_its_request_and_refuses_text_that_is_not_utf8() -> None:
+    from avatar.model_io import AVATAR_ANIMATE
+
+    tensors = {
+        "phonemes": np.array([b"h", b"\xc9\x99"], object),
+        "phoneme_starts": np.array([0.0, 0.1], np.float32),
+        "phoneme_ends": np.array([0.1, 0.2], np.float32),
+        "duration": np.array([0.25], np.float32),
+    }
+    heard = AVATAR_ANIMATE.read_request(tensors.get)
+    assert heard["phonemes"] == ["h", "ə"] and heard["duration"] == 0.25
+    assert heard["controls"] is None
+    out = AVATAR_ANIMATE.response(
+        blendshapes=np.zeros((2, 52)), head_pose=np.zeros((2, 3)), fps=30.0, animation={"fps": 30}
+    )
+    assert AVATAR_ANIMATE.read_response(out)["animation"] == {"fps": 30}
+    with pytest.raises(ValueError, match="controls: not text"):
+        AVATAR_ANIMATE.read_request({**tensors, "controls": np.array([b"\xff"], object)}.get)

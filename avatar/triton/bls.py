@@ -27,11 +27,13 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from avatar.errors import RequestError, StageError
+from avatar.model_io import ModelIO
 from avatar.triton.retire import Retirement
 
 RETIRED = Retirement()
@@ -267,6 +269,15 @@ def input_array(request: pb_utils.InferenceRequest, name: str, optional: bool = 
             return None
         raise RequestError(f"missing input {name!r}")
     return tensor.as_numpy()
+
+
+def read_inputs(io: ModelIO, request: pb_utils.InferenceRequest) -> dict[str, Any]:
+    """The request's inputs decoded by the model's call (avatar.model_io; None when
+    absent); RequestError when one is not what it should be (e.g. text not UTF-8)."""
+    try:
+        return io.read_request(lambda name: input_array(request, name, optional=True))
+    except ValueError as error:
+        raise RequestError(f"input {error}") from None
 
 
 def input_text(request: pb_utils.InferenceRequest, name: str, optional: bool = False):

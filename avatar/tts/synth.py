@@ -15,6 +15,7 @@ from typing import ClassVar
 import numpy as np
 
 from avatar.errors import RequestError
+from avatar.model_io import TTS_VITS
 from avatar.tts.phonemes import Chunk, Phonemizer, prepare
 from avatar.tts.voice import VoiceConfig
 
@@ -98,13 +99,13 @@ def batch_inputs(
     for row, item in enumerate(id_lists):
         ids[row, : len(item)] = item
     noises = [make_noise(c.seed) for c in controls]
-    return {
-        "phoneme_ids": ids,
-        "phoneme_lengths": lengths,
-        "scales": np.stack([c.scales for c in controls]),
-        "noise_phonemes": np.stack([n[0] for n in noises]),
-        "noise_frames": np.stack([n[1] for n in noises]),
-    }
+    return TTS_VITS.rows(
+        phoneme_ids=ids,
+        phoneme_lengths=lengths,
+        scales=np.stack([c.scales for c in controls]),
+        noise_phonemes=np.stack([n[0] for n in noises]),
+        noise_frames=np.stack([n[1] for n in noises]),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,8 +175,8 @@ class Synthesizer:
 
     def synthesize_chunks(self, chunks: Sequence[Chunk], controls: Controls) -> list[SentenceAudio]:
         """All chunks in one batch (each chunk with the same seed, as if alone)."""
-        outputs = self.infer(
-            batch_inputs([c.ids for c in chunks], [controls] * len(chunks), self.pad_to)
+        outputs = TTS_VITS.read_rows(
+            self.infer(batch_inputs([c.ids for c in chunks], [controls] * len(chunks), self.pad_to))
         )
         return [self._result(c, outputs, row) for row, c in enumerate(chunks)]
 

@@ -20,7 +20,7 @@ from avatar.asr.sequences import SequenceWindows, WindowStep
 from avatar.asr.transcribe import AsrOptions, Transcript, check_audio, transcribe
 from avatar.asr.vocab import WhisperVocab
 from avatar.errors import RequestError
-from avatar.model_io import ASR
+from avatar.model_io import ASR, ASR_DECODER, ASR_ENCODER
 from avatar.model_parameters import ModelParameters
 from avatar.pipeline.priority import AsrPass, pass_of, shares
 from avatar.triton.bls import (
@@ -53,7 +53,7 @@ class TritonWhisperRuntime(WhisperRuntime):
         self.pool = ThreadPoolExecutor(max_batch, thread_name_prefix="asr-step")
 
     def encode(self, mel: np.ndarray) -> np.ndarray:
-        return infer(self.encoder, {"mel": mel}, ["cross_kv"])["cross_kv"]
+        return infer(self.encoder, ASR_ENCODER.rows(mel=mel), ["cross_kv"])["cross_kv"]
 
     def decode(self, tokens, self_kv, cross_kv):
         raise NotImplementedError("asr_decoder keeps the caches: use decoding()")
@@ -84,8 +84,8 @@ class BlsWindows(SequenceWindows):
         kv = self._empty if step.encoder_kv is None else step.encoder_kv[None]
         out = infer(
             self.runtime.decoder,
-            {"tokens": step.tokens[None], "encoder_kv": kv},
-            ["logits"],
+            ASR_DECODER.rows(tokens=step.tokens[None], encoder_kv=kv),
+            list(ASR_DECODER.outputs),
             correlation_id=step.sequence_id,
             flags=sequence_flags(step.start, step.end),
         )

@@ -20,7 +20,7 @@ from avatar.animation.emotion_classifier import EmotionClassifier, SentenceToken
 from avatar.conversation_tokens import ConversationTokens
 from avatar.knowledge import KNOWLEDGE_DIR_ENV, KnowledgeBase, KnowledgeConfig
 from avatar.languages import speech_language
-from avatar.model_io import ASR, LLM, TTS
+from avatar.model_io import ASR, EMOTION_ENCODER, LLM, RENDERERS, TTS
 from avatar.model_parameters import ModelParameters
 from avatar.pipeline import Heard, PipelineConfig, Speech, Stages, TurnRequest, parse_turn
 from avatar.pipeline.prompt import KNOWLEDGE_SAMPLING, llm_messages, llm_sampling
@@ -143,8 +143,9 @@ class TritonPythonModel:
         return model if ready else ""
 
     def _embed(self, sentences) -> np.ndarray:
-        out = bls.infer(self.emotion_model, self.tokenize(sentences), ["embedding"])
-        return out["embedding"]
+        inputs = EMOTION_ENCODER.rows(**self.tokenize(sentences))
+        out = bls.infer(self.emotion_model, inputs, list(EMOTION_ENCODER.outputs))
+        return EMOTION_ENCODER.read_rows(out)["embedding"]
 
     def _feel(self, text: str) -> tuple[str, float]:
         emotion = self.emotions.predict(text)
@@ -218,13 +219,13 @@ class TritonPythonModel:
         model = self._renderer(face)
         if not model:
             return None
-        frames = []
+        io, frames = RENDERERS[face or self.face], []
         for at in range(0, len(blendshapes), self.render_batch):
-            inputs = {
-                "blendshapes": blendshapes[at : at + self.render_batch],
-                "head_pose": head_pose[at : at + self.render_batch],
-            }
-            frames.append(bls.infer(model, inputs, ["frames"])["frames"])
+            inputs = io.rows(
+                blendshapes=blendshapes[at : at + self.render_batch],
+                head_pose=head_pose[at : at + self.render_batch],
+            )
+            frames.append(io.read_rows(bls.infer(model, inputs, list(io.outputs)))["frames"])
         return np.concatenate(frames)
 
     # ------------------------------------------------------------------ requests

@@ -3,19 +3,13 @@ avatar.pipeline.speech / avatar.animation)."""
 
 from __future__ import annotations
 
-import json
-
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from avatar.model_io import AVATAR_ANIMATE
 from avatar.pipeline.request import Controls
 from avatar.pipeline.speech import animate_utterance, animation_json
 from avatar.triton import bls
 from avatar.triton.diagnostics import enable_crash_reports
-
-
-def _strings(array: np.ndarray) -> list[str]:
-    return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in array.reshape(-1)]
 
 
 class TritonPythonModel:
@@ -27,24 +21,21 @@ class TritonPythonModel:
         return bls.answer_each("avatar_animate", requests, self._animate)
 
     def _animate(self, request):
-        # one valid UTF-8 string, else RequestError (not an internal error)
-        controls = Controls.from_json(bls.input_text(request, "controls", optional=True) or "")
-        duration = bls.input_array(request, "duration", optional=True)
+        values = bls.read_inputs(AVATAR_ANIMATE, request)  # RequestError: not UTF-8 text
+        controls = Controls.from_json(values["controls"] or "")
         animation = animate_utterance(
-            _strings(bls.input_array(request, "phonemes")),
-            bls.input_array(request, "phoneme_starts"),
-            bls.input_array(request, "phoneme_ends"),
-            None if duration is None else float(duration.reshape(-1)[0]),
+            values["phonemes"],
+            values["phoneme_starts"],
+            values["phoneme_ends"],
+            values["duration"],
             controls,
         )
-        tensors = {
-            "blendshapes": animation.blendshapes,
-            "head_pose": animation.head_pose,
-            "fps": np.array([animation.fps], np.float32),
-            "animation": np.array(
-                [json.dumps(animation_json(animation, controls)).encode()], object
-            ),
-        }
+        tensors = AVATAR_ANIMATE.response(
+            blendshapes=animation.blendshapes,
+            head_pose=animation.head_pose,
+            fps=animation.fps,
+            animation=animation_json(animation, controls),
+        )
         return pb_utils.InferenceResponse(
             output_tensors=[pb_utils.Tensor(k, v) for k, v in tensors.items()]
         )

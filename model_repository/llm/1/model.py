@@ -38,7 +38,7 @@ from avatar.llm.sequences import SequenceDecoder, Step
 from avatar.llm.settings import LlmSettings, engine_config, llm_settings
 from avatar.llm.tokenizer import Tokenizer
 from avatar.llm.trtllm import TensorRtLlmBackend
-from avatar.model_io import LLM
+from avatar.model_io import LLM, LLM_DECODER
 from avatar.model_parameters import ModelParameters
 from avatar.triton import bls
 from avatar.triton.diagnostics import enable_crash_reports
@@ -61,17 +61,16 @@ class TritonSequenceDecoder(SequenceDecoder):
         return list(self._pool.map(self._step, steps))
 
     def _step(self, step: Step) -> np.ndarray:
-        ids = np.asarray([step.ids], np.int64)
-        new = ids.shape[1]
-        inputs = {
-            "input_ids": ids,
-            "attention_mask": np.ones((1, step.position + new), np.int64),
-            "position_ids": np.arange(step.position, step.position + new, dtype=np.int64)[None],
-        }
+        new = len(step.ids)
+        inputs = LLM_DECODER.rows(
+            input_ids=[step.ids],
+            attention_mask=np.ones((1, step.position + new), np.int64),
+            position_ids=np.arange(step.position, step.position + new)[None],
+        )
         out = bls.infer(
             self.model,
             inputs,
-            ["logits"],
+            list(LLM_DECODER.outputs),
             correlation_id=step.sequence_id,
             flags=bls.sequence_flags(step.start, step.end),
         )

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from avatar.model_io import TTS
+from avatar.model_io import TTS, TTS_VITS
 from avatar.model_parameters import ModelParameters
 from avatar.triton import bls
 from avatar.triton.diagnostics import enable_crash_reports
@@ -24,7 +24,7 @@ from avatar.tts.synth import SentenceAudio, Synthesizer
 from avatar.tts.voice import packaged_voice
 from avatar.tts.voices import PiperSpeaker, Voices, parse_voices
 
-VITS_OUTPUTS = ["audio", "audio_lengths", "durations"]
+VITS_OUTPUTS = list(TTS_VITS.outputs)
 
 
 class TritonPythonModel:

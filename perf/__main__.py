@@ -184,7 +184,6 @@ def main(argv: list[str] | None = None) -> int:
         failover,
         first_piece,
         flood,
-        gpu_capacity,
         knowledge,
         latency,
         llm_server,
@@ -192,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         turn_cost,
         turn_taking,
     )
+    from perf.gpu_stages import cli as gpu_stages_cli
 
     asr_windows.add_arguments(
         sub.add_parser("asr-windows", help="ASR window length vs WER on real speech and time")
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     says.add_arguments(
         sub.add_parser("says", help="own name, the user's facts, the documents' facts stated")
     )
-    gpu_capacity.add_command_arguments(
+    gpu_stages_cli.add_arguments(
         sub.add_parser("gpu-stages", help="each stage on a GPU, alone and served through BLS")
     )
     turn_cost.add_arguments(

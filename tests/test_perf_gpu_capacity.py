@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import itertools
 
-from perf import gpu_capacity, gpu_stages
+from perf.gpu_stages import chain, served
+from perf.gpu_stages import sessions as gpu_capacity
+from perf.gpu_stages.networks import STAGES
 
 
 def _turn(total_ms: float, session: int = 0) -> dict:
-    share = total_ms / len(gpu_stages.CRITICAL_PATH)
-    ms = {label: share for label in gpu_stages.CRITICAL_PATH}
+    share = total_ms / len(chain.CRITICAL_PATH)
+    ms = {label: share for label in chain.CRITICAL_PATH}
     ms["lipsync"] = 1000.0  # beside playback: not part of first audio
     return {"session": session, "start_s": 0.0, "end_s": 1.0, "ms": ms}
 
@@ -21,7 +23,7 @@ def test_a_level_row_counts_the_critical_path_only():
     assert row["turns_per_s"] == 2.0
     assert row["first_audio_ms"]["p50"] == 1050.0
     assert row["first_audio_ms"]["p95"] == 1900.0
-    assert set(row["stage_p50_ms"]) == set(gpu_stages.CRITICAL_PATH)
+    assert set(row["stage_p50_ms"]) == set(chain.CRITICAL_PATH)
 
 
 def test_the_largest_level_within_the_limit_skips_failed_levels():
@@ -58,10 +60,10 @@ def test_stats_delta_gives_each_model_its_mean_queue_and_compute():
 
 
 def test_paced_sessions_stagger_pause_and_end_after_the_level(monkeypatch):
-    def chain_once(torch, device, call):
-        return {label: 1.0 for label in gpu_stages.CRITICAL_PATH}
+    def chain_once(torch, device, call, models=None):
+        return {label: 1.0 for label in chain.CRITICAL_PATH}
 
-    monkeypatch.setattr(gpu_stages, "chain_once", chain_once)
+    monkeypatch.setattr(chain, "chain_once", chain_once)
     answer = gpu_capacity.paced_sessions(
         None, None, None, sessions=4, level_s=0.5, pause_s=0.2, seed=1
     )
@@ -80,10 +82,10 @@ def test_paced_sessions_stagger_pause_and_end_after_the_level(monkeypatch):
 
 
 def test_a_failing_session_is_reported_not_raised(monkeypatch):
-    def chain_once(torch, device, call):
+    def chain_once(torch, device, call, models=None):
         raise RuntimeError("stage down")
 
-    monkeypatch.setattr(gpu_stages, "chain_once", chain_once)
+    monkeypatch.setattr(chain, "chain_once", chain_once)
     answer = gpu_capacity.paced_sessions(None, None, None, sessions=2, level_s=0.1, pause_s=0.01)
     assert answer["turns"] == []
     assert len(answer["errors"]) == 2 and "stage down" in answer["errors"][0]
@@ -93,7 +95,7 @@ def test_a_failing_session_is_reported_not_raised(monkeypatch):
 
 
 def test_instances_multiply_the_stage_models_not_the_chain(tmp_path):
-    repo = gpu_stages.write_repository(tmp_path / "repo", gpu=True, instances=2)
-    for name in gpu_stages.STAGES:
+    repo = served.write_repository(tmp_path / "repo", gpu=True, instances=2)
+    for name in STAGES:
         assert "count: 2 kind: KIND_GPU" in (repo / name / "config.pbtxt").read_text()
     assert "count: 1 kind: KIND_CPU" in (repo / "turn_chain" / "config.pbtxt").read_text()

@@ -1,5 +1,5 @@
 """Sessions per GPU: N concurrent sessions, each running the served turn's critical path
-(`perf.gpu_stages`' BLS chain through the wheel's tritonserver, outputs on the GPU) again
+(the BLS chain of perf.gpu_stages.chain through the wheel's tritonserver, outputs on the GPU) again
 and again, paced as a person talks: a turn, then a pause of listening and speaking.
 
     python -m perf gpu-stages --sessions 1 2 4 8 16 32 64
@@ -20,18 +20,18 @@ TTS while the avatar speaks); random weights (kernels' time depends on shapes, n
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import threading
 import time
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from perf import gpu_stages
+from perf.gpu_stages import chain
+from perf.gpu_stages.served import ROOT, model_stats, run_chain, serving
+from perf.gpu_stages.timing import summary
 
-OUT = gpu_stages.ROOT / "build/perf/gpu_stages/capacity.json"
+OUT = ROOT / "build/perf/gpu_stages/capacity.json"
 LIMIT_MS = 2000.0
 
 
@@ -44,6 +44,7 @@ def paced_sessions(
     level_s: float,
     pause_s: float,
     seed: int = 0,
+    models: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Run inside the BLS model: `sessions` paced sessions of chained turns at once.
 
@@ -60,7 +61,7 @@ def paced_sessions(
         while True:
             began = time.perf_counter() - start
             try:
-                ms = gpu_stages.chain_once(torch, device, call)
+                ms = chain.chain_once(torch, device, call, models)
             except Exception as exc:  # reported with the level
                 with lock:
                     errors.append(f"session {index}: {type(exc).__name__}: {exc}"[:500])
@@ -85,7 +86,7 @@ def paced_sessions(
 
 def first_audio_ms(turn: dict[str, Any]) -> float:
     """End of speech -> first audio: the critical path's stage calls, queueing included."""
-    return sum(turn["ms"].get(label, 0.0) for label in gpu_stages.CRITICAL_PATH)
+    return sum(turn["ms"].get(label, 0.0) for label in chain.CRITICAL_PATH)
 
 
 def summarise_level(sessions: int, answer: dict[str, Any]) -> dict[str, Any]:
@@ -99,10 +100,10 @@ def summarise_level(sessions: int, answer: dict[str, Any]) -> dict[str, Any]:
         "turns_per_s": round(len(turns) / answer["wall_s"], 3) if answer["wall_s"] else 0.0,
     }
     if turns:
-        row["first_audio_ms"] = gpu_stages.summary([first_audio_ms(t) for t in turns])
+        row["first_audio_ms"] = summary([first_audio_ms(t) for t in turns])
         row["stage_p50_ms"] = {
-            label: gpu_stages.summary([t["ms"].get(label, 0.0) for t in turns])["p50"]
-            for label in gpu_stages.CRITICAL_PATH
+            label: summary([t["ms"].get(label, 0.0) for t in turns])["p50"]
+            for label in chain.CRITICAL_PATH
         }
     return row
 
@@ -177,16 +178,16 @@ def sweep(
     if device_name == "cuda":  # room for many sessions' GPU tensors in flight at once
         extra = ("--cuda-memory-pool-byte-size=0:4294967296",)
     rows: list[dict[str, Any]] = []
-    with gpu_stages.serving(device_name, instances, extra) as url:
-        warm = gpu_stages.run_chain(url, 2)
+    with serving(device_name, instances, extra) as url:
+        warm = run_chain(url, 2)
         on_gpu = warm["outputs_on_gpu"]
         for sessions in sorted(levels):
-            before = gpu_stages.model_stats(url)
-            answer = gpu_stages.run_chain(
+            before = model_stats(url)
+            answer = run_chain(
                 url, 1, {"sessions": sessions, "level_s": level_s, "pause_s": pause_s}
             )
             row = summarise_level(sessions, answer)
-            row["models"] = stats_delta(before, gpu_stages.model_stats(url))
+            row["models"] = stats_delta(before, model_stats(url))
             rows.append(row)
             print(format_table([row])[2], flush=True)
             print("level", json.dumps(row), flush=True)  # kept if a later level is cut off
@@ -205,47 +206,3 @@ def sweep(
         "levels": rows,
         "largest_within_limit": largest_within(rows),
     }
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """gpu-stages' flags for the sweep (`--sessions` selects it)."""
-    parser.add_argument(
-        "--sessions", type=int, nargs="+", default=[], help="concurrent paced sessions, per level"
-    )
-    parser.add_argument("--level-s", type=float, default=20.0, help="each level's duration")
-    parser.add_argument("--pause-s", type=float, default=4.0, help="a session's pause per turn")
-    parser.add_argument("--instances", type=int, default=1, help="instances per stage model")
-    parser.add_argument(
-        "--stop-p95-s", type=float, default=2 * LIMIT_MS / 1000, help="stop above this p95"
-    )
-
-
-def add_command_arguments(parser: argparse.ArgumentParser) -> None:
-    """`python -m perf gpu-stages`: its flags, and the sweep's (`--sessions` selects it)."""
-    gpu_stages.add_arguments(parser)
-    add_arguments(parser)
-    parser.set_defaults(func=command)
-
-
-def command(args: argparse.Namespace) -> int:
-    if not args.sessions:
-        return gpu_stages.run(args)
-    report = gpu_stages.device_report(args.device)
-    return 2 if report is None else run(args, report)
-
-
-def run(args: argparse.Namespace, report: dict[str, Any]) -> int:
-    report["capacity"] = sweep(
-        args.device,
-        args.sessions,
-        args.level_s,
-        args.pause_s,
-        instances=args.instances,
-        stop_p95_ms=args.stop_p95_s * 1000,
-    )
-    for line in format_table(report["capacity"]["levels"]):
-        print(line)
-    out: Path = args.out or OUT
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
-    return 0 if all(not row["errors"] for row in report["capacity"]["levels"]) else 1

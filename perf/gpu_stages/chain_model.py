@@ -18,9 +18,15 @@ class TritonPythonModel:
         sys.path.insert(0, config["parameters"]["repo_root"]["string_value"])
         import torch
 
-        from perf import gpu_stages
+        from perf.gpu_stages import chain, served
+        from perf.gpu_stages.networks import STAGES
 
-        self.torch, self.stages = torch, gpu_stages
+        self.torch, self.chain, self.c_order = torch, chain, served.c_order
+        # each stage's served model (perf.gpu_stages.chain.turn_models, read by the writer)
+        self.models = json.loads(config["parameters"]["models"]["string_value"])
+        self.outputs = {
+            self.models[name]: [t.name for t in stage.outputs] for name, stage in STAGES.items()
+        }
         # The chain itself is a CPU instance (a GPU instance's own response was refused:
         # "output tensor shape does not match size of output"); its tensors live on `device`.
         gpu = config["parameters"]["device"]["string_value"] == "cuda"
@@ -33,10 +39,10 @@ class TritonPythonModel:
         request = pb_utils.InferenceRequest(
             model_name=model,
             inputs=[
-                pb_utils.Tensor.from_dlpack(k, self.stages.c_order(self.torch, v))
+                pb_utils.Tensor.from_dlpack(k, self.c_order(self.torch, v))
                 for k, v in inputs.items()
             ],
-            requested_output_names=[t.name for t in self.stages.STAGES[model].outputs],
+            requested_output_names=self.outputs[model],
             preferred_memory=self.memory,
         )
         response = request.exec()
@@ -48,26 +54,24 @@ class TritonPythonModel:
             out[tensor.name()] = self.torch.from_dlpack(tensor.to_dlpack())
         return out
 
+    def turn(self) -> dict[str, float]:
+        return self.chain.chain_once(self.torch, self.device, self.call, self.models)
+
     def execute(self, requests):
         responses = []
         for request in requests:
             reps_in = pb_utils.get_input_tensor_by_name(request, "reps")
             reps = int(self.torch.from_dlpack(reps_in)[0])
             sweep = json.loads(request.parameters() or "{}").get("sessions")
-            if sweep:  # perf.gpu_capacity: paced sessions at once, each stage call its own
-                from perf import gpu_capacity
+            if sweep:  # perf.gpu_stages.sessions: paced sessions, each stage call its own
+                from perf.gpu_stages.sessions import paced_sessions
 
-                answer = gpu_capacity.paced_sessions(
-                    self.torch, self.device, self.call, **json.loads(sweep)
+                answer = paced_sessions(
+                    self.torch, self.device, self.call, models=self.models, **json.loads(sweep)
                 )
             else:
-                self.stages.chain_once(self.torch, self.device, self.call)  # warm-up
-                answer = {
-                    "reps": [
-                        self.stages.chain_once(self.torch, self.device, self.call)
-                        for _ in range(reps)
-                    ]
-                }
+                self.turn()  # warm-up
+                answer = {"reps": [self.turn() for _ in range(reps)]}
             body = json.dumps({**answer, "outputs_on_gpu": self.on_gpu})
             # JSON as UTF-8 bytes in a UINT8 tensor made through DLPack, not numpy: with
             # numpy 2 the r24.10 stub misreads a numpy array's size ("output tensor shape

@@ -1,4 +1,4 @@
-"""Triton python model of one `perf.gpu_stages` network (the stage is the model's name).
+"""Triton python model of one `perf.gpu_stages` network (its `stage` parameter names it).
 
 Inputs are read through DLPack where the caller put them (GPU memory: the config keeps
 FORCE_CPU_ONLY_INPUT_TENSORS off) and outputs handed back the same way, so a GPU tensor
@@ -14,14 +14,14 @@ import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
-        config = json.loads(args["model_config"])
-        sys.path.insert(0, config["parameters"]["repo_root"]["string_value"])
+        parameters = json.loads(args["model_config"])["parameters"]
+        sys.path.insert(0, parameters["repo_root"]["string_value"])
         import torch
 
-        from perf.gpu_stages import STAGES
+        from perf.gpu_stages.networks import STAGES
 
         self.torch = torch
-        self.stage = STAGES[args["model_name"]]
+        self.stage = STAGES[parameters["stage"]["string_value"]]
         gpu = args["model_instance_kind"] == "GPU"
         self.device = torch.device(f"cuda:{args['model_instance_device_id']}" if gpu else "cpu")
         torch.manual_seed(0)

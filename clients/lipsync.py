@@ -51,7 +51,8 @@ def infer_windows(client: grpcclient.InferenceServerClient, batch: np.ndarray, m
     result = client.infer(
         model, inputs, outputs=[grpcclient.InferRequestedOutput(n) for n in OUTPUTS]
     )
-    return tuple(result.as_numpy(n) for n in OUTPUTS)
+    outputs = LIPSYNC.read_rows({n: result.as_numpy(n) for n in OUTPUTS})
+    return outputs["viseme_probs"], outputs["mouth_open"]
 
 
 def viseme_probs(

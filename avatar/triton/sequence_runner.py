@@ -27,6 +27,7 @@ from avatar.errors import RequestError
 from avatar.llm.cache import PrefixCache
 from avatar.llm.decoder import OrtDecoder
 from avatar.llm.sequences import KvCacheSequences, Step
+from avatar.model_io import LLM_DECODER
 from avatar.model_parameters import ModelParameters
 from avatar.triton.bls import error_response, input_array
 from avatar.triton.diagnostics import enable_crash_reports
@@ -131,8 +132,10 @@ def sequence_step(request) -> tuple[int, bool, bool]:
 
 
 def _logits_response(logits: np.ndarray):
-    row = logits[None, None, :].astype(np.float32, copy=False)
-    return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("logits", row)])
+    tensors = LLM_DECODER.response(logits=logits[None])  # [1, 1, vocab]: the last position
+    return pb_utils.InferenceResponse(
+        output_tensors=[pb_utils.Tensor(k, v) for k, v in tensors.items()]
+    )
 
 
 def _step(request) -> Step:

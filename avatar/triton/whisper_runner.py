@@ -17,6 +17,7 @@ import triton_python_backend_utils as pb_utils
 from avatar.asr.onnx_runtime import OnnxWhisperRuntime
 from avatar.asr.sequences import WhisperSequences, WindowStep
 from avatar.errors import RequestError
+from avatar.model_io import ASR_DECODER
 from avatar.triton.bls import input_array
 from avatar.triton.sequence_runner import RunnerArgs, run_steps, sequence_step
 
@@ -59,5 +60,7 @@ def _step(request) -> WindowStep:
 
 
 def _logits_response(logits: np.ndarray):
-    row = logits[None, :].astype(np.float32, copy=False)
-    return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("logits", row)])
+    tensors = ASR_DECODER.response(logits=logits)  # [1, vocab]: the step's one row
+    return pb_utils.InferenceResponse(
+        output_tensors=[pb_utils.Tensor(k, v) for k, v in tensors.items()]
+    )

@@ -8,7 +8,8 @@ turn (avatar/pipeline/schema.py, which shares `TensorSpec`).
 Value kinds: TEXT is one UTF-8 string in a BYTES [1] tensor; JSON is a structured value
 serialised there as JSON (here and nowhere else); SCALAR is one number (or bool) in a [1]
 tensor; ARRAY is a numeric tensor of the declared dims (-1: any length); STRINGS is a list
-of UTF-8 strings in a BYTES [-1] tensor.
+of UTF-8 strings in a BYTES [-1] tensor. A batched model's request of several rows (frames,
+sentences, a VAD session per row) is `rows`/`read_rows`: numeric arrays, the batch axis first.
 """
 
 from __future__ import annotations
@@ -60,7 +61,9 @@ class TensorSpec:
 
     def rows(self, value: Any) -> np.ndarray:
         """Rows of this tensor with the batch axis first (a batched model's request of several
-        rows); ValueError when a row's shape does not fit."""
+        rows); ValueError when a row's shape does not fit, or for text (request() encodes it)."""
+        if self.dtype == "BYTES":
+            raise ValueError(f"{self.name}: rows are numeric; text travels in request()")
         array = np.ascontiguousarray(value, NUMPY[self.dtype])
         if array.ndim != len(self.dims) + 1 or any(
             want not in (-1, have) for have, want in zip(array.shape[1:], self.dims, strict=True)

@@ -78,6 +78,8 @@ def test_a_batched_request_of_several_rows_is_checked_row_by_row() -> None:
         PORTRAIT_RENDERER.rows(blendshapes=np.zeros((5, 52)), head_pose=np.zeros(5))
     with pytest.raises(ValueError, match="not a batched model"):
         LLM.rows(messages=[[]])
+    with pytest.raises(ValueError, match="language: rows are numeric"):
+        ASR.rows(audio=np.zeros((1, 160)), language=["en"])
     tokens = EMOTION_ENCODER.rows(input_ids=[[101, 7, 102]], attention_mask=[[1, 1, 1]])
     assert tokens["input_ids"].dtype == np.int64
     embedding = EMOTION_ENCODER.read_rows({"embedding": np.ones((2, 384), np.float32)})

@@ -15,7 +15,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 from avatar.audio import read_wav, resample
-from avatar.model_io import infer_inputs
+from avatar.model_io import VAD, infer_inputs
 from avatar.vad import OUTPUTS, SAMPLE_RATE, Segment, speech_probabilities, speech_segments
 
 log = logging.getLogger(__name__)
@@ -25,7 +25,7 @@ def infer(client: grpcclient.InferenceServerClient, model: str, arrays: dict[str
     inputs = infer_inputs(arrays, grpcclient.InferInput)  # VadStream.inputs: avatar.model_io.VAD
     outputs = [grpcclient.InferRequestedOutput(name) for name in OUTPUTS]
     result = client.infer(model, inputs, outputs=outputs)
-    return {name: result.as_numpy(name) for name in OUTPUTS}
+    return VAD.read_rows({name: result.as_numpy(name) for name in OUTPUTS})
 
 
 def served_probabilities(url: str, audio: np.ndarray, model: str = "vad") -> np.ndarray:

@@ -16,12 +16,11 @@ import numpy as np
 from avatar.conversation_tokens import affinity_headers
 from avatar.credentials import KEY_HEADER, grpc_key_headers
 from avatar.end_of_turn import turn_features
-from avatar.model_io import ASR, TURN_DETECTOR, TURN_WORDS, ModelIO, infer_inputs
+from avatar.model_io import ASR, TURN_DETECTOR, TURN_WORDS, VAD, ModelIO, infer_inputs
 from avatar.pipeline import schema
 from avatar.pipeline.events import TurnEvent
 from avatar.pipeline.priority import PASS_PARAMETER, PRIORITY, AsrPass, current_pass
 from avatar.turn_words import features as words_features
-from avatar.vad import OUTPUTS as VAD_OUTPUTS
 from avatar.vad import VadStream
 
 # the page draws the face from the blendshapes: no pixels over the socket
@@ -181,10 +180,11 @@ class TritonClient:
         result = await self.client.infer(
             self.vad_model,
             _inputs(stream.inputs(chunk[None])),
-            outputs=_outputs(VAD_OUTPUTS),
+            outputs=_outputs(list(VAD.outputs)),
             headers=self._headers(session),
         )
-        return float(stream.update({n: result.as_numpy(n) for n in VAD_OUTPUTS})[0])
+        outputs = VAD.read_rows({n: result.as_numpy(n) for n in VAD.outputs})
+        return float(stream.update(outputs)[0])
 
     async def turn_complete(self, audio: np.ndarray, *, session: str = "") -> float:
         """The `turn_detector` model's probability that the utterance so far (16 kHz, its

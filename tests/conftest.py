@@ -1,7 +1,12 @@
 """Shared fixtures: the artifacts, a materialised embedded repository, one real tritonserver.
 
 The server is started once per test session on free ports with every model of
-`model_repository/`, and is always stopped.
+`model_repository/`, and is always stopped. Modules that need another configuration (a key,
+a secret, fewer models, limits) or that kill their server start one of their own.
+
+`make test` runs the suite in two processes at once: the tests of UNTIMED_MODULES in a
+second one at nice 19, so that they use the CPU the others leave idle (those wait on real
+servers, browsers and audio at its own pace) without delaying them.
 """
 
 from __future__ import annotations
@@ -17,6 +22,31 @@ from serving.deployment import build_repository
 from serving.server import EmbeddedServer, ServerOptions
 
 logging.getLogger("avatar").setLevel(logging.INFO)
+
+# Modules whose models run in the test's own process, with no server of any kind and no
+# deadline or wall-clock figure: starved of CPU they only take longer. Marked `untimed` here
+# (a test in another module may carry the mark itself).
+# A module with a server, a timeout or a timing assertion stays out (the default).
+UNTIMED_MODULES = frozenset(
+    {
+        "test_animation", "test_asr_core", "test_asr_degenerate", "test_asr_engine",
+        "test_asr_export", "test_asr_prefix", "test_asr_tiny", "test_bls_memory",
+        "test_emotion_classifier", "test_emotion_hold", "test_engines", "test_gates",
+        "test_gpu_stages", "test_grounding", "test_imports", "test_knowledge", "test_lipsync",
+        "test_llm_core", "test_llm_engine", "test_llm_export", "test_llm_tensorrt",
+        "test_llm_tensorrt_backend", "test_model_io", "test_onnx_batching", "test_persona",
+        "test_perf_gpu_capacity", "test_pipeline_speech", "test_portrait", "test_renderer",
+        "test_reply_text", "test_repository", "test_tts_synth", "test_tts_text",
+        "test_turn_taking_eval", "test_gateway_endpointing",
+    }
+)  # fmt: skip
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.stem in UNTIMED_MODULES:
+            item.add_marker(pytest.mark.untimed)
 
 
 @pytest.fixture(scope="session")

@@ -229,6 +229,7 @@ def character_error_rate(reference: str, hypothesis: str) -> float:
 ASR_SENTENCES = ["爸爸妈妈都在家。", "我想预订一个房间。", "今天天气很好。"]
 
 
+@pytest.mark.untimed  # in-process Whisper, no deadline (tests/conftest.py)
 def test_whisper_transcribes_the_fallbacks_chinese(fallback):
     """The packaged Whisper base (in-process, as avatar.pipeline.local runs it) on the
     fallback's audio: the CER is logged; espeak-ng's formant Mandarin is hard to follow, so

@@ -42,10 +42,16 @@ UNTIMED_MODULES = frozenset(
 )  # fmt: skip
 
 
+# a test that asks for one of these has a server with a deadline after all (a Redis call
+# times out in 0.5 s): it stays with the timed tests whatever its module
+SERVER_FIXTURES = frozenset({"triton_server", "gateway", "redis_url"})
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if item.path.stem in UNTIMED_MODULES:
+        servers = SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+        if item.path.stem in UNTIMED_MODULES and not servers:
             item.add_marker(pytest.mark.untimed)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import shutil
 import tempfile
 import urllib.error
@@ -16,6 +17,8 @@ from typing import Any
 from perf.gpu_stages.chain import CRITICAL_PATH, turn_models
 from perf.gpu_stages.networks import STAGES, TensorDef
 from perf.gpu_stages.timing import summary
+
+log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -53,7 +56,7 @@ def write_repository(
 ) -> Path:
     """The stage models (`instances` of each, named as `models` names each stage's served
     model: turn_models()) and the BLS chain, written under `folder`."""
-    models = dict(models or turn_models())
+    models = dict(models or _repository_models())
     for stage in STAGES.values():
         name = models[stage.name]
         (folder / name / "1").mkdir(parents=True)
@@ -77,6 +80,17 @@ def write_repository(
         )
     )
     return folder
+
+
+def _repository_models() -> dict[str, str]:
+    """turn_models(); where tritonclient (the config reader's protobuf) is not installed,
+    as on a lent GPU machine given only torch and the server wheel, each stage is named as
+    the default repository names its model (said in the log)."""
+    try:
+        return turn_models()
+    except ImportError as error:
+        log.warning("gpu-stages: the served models' names as the stages' (%s)", error)
+        return {name: name for name in STAGES}
 
 
 def c_order(torch, tensor):

@@ -11,7 +11,9 @@ JOBS ?= $(shell nproc)
 # cores to spare. Beside it, always, the `untimed` tests (tests/conftest.py: in-process models,
 # no server, no deadline) in a process of their own at nice 19: it only takes the CPU the
 # timed tests leave idle, so it cannot starve them.
+# TEST_LANES=1: everything in one process, one test after another (as before the lanes).
 TEST_WORKERS ?= 0
+TEST_LANES ?= 2
 TEST_SELECT := not slow and not extended
 
 .PHONY: setup artifacts demo live test test-extended test-all lint perf fuzz
@@ -28,6 +30,9 @@ live: artifacts
 test: artifacts
 	scripts/setup.sh --tests
 	$(PY) -m export gates
+ifeq ($(TEST_LANES),1)
+	$(PY) -m pytest -m "$(TEST_SELECT)" -n $(TEST_WORKERS) --dist loadfile --durations=25
+else
 	@mkdir -p build/tests
 	@nice -n 19 $(PY) -m pytest -m "$(TEST_SELECT) and untimed" -p no:cacheprovider \
 	  --basetemp=build/tests/untimed --durations=10 >build/tests/untimed.log 2>&1 & untimed=$$!; \
@@ -38,6 +43,7 @@ test: artifacts
 	wait $$untimed; rest=$$?; \
 	echo "make test: the untimed tests (exit $$rest):"; cat build/tests/untimed.log; \
 	exit $$((timed || rest))
+endif
 # What CI's run leaves out for time: the `extended` tier (second scenarios against the same
 # real servers, benchmark smoke runs) and the gateway's fuzzer at 800 examples a test
 # (CI: 200). Every component is still tested against its real server by `make test`.

@@ -131,6 +131,93 @@ def words_scorer() -> Scorer:
     return score
 
 
+def smollm2_scorer() -> Scorer:
+    """The packaged SmolLM2-135M-Instruct read as LiveKit's detector reads its model, zero
+    shot: after "<|im_start|>user\n" and the words (their end marks dropped), the chance
+    that the next token ends the turn or the sentence (<|im_end|>, or a token that starts
+    with ".", "?" or "!"). Not calibrated: compare it by ranking (AUC), not threshold.
+    PyTorch in-process, one thread (an experiment for `--words-only`, not served)."""
+    import re
+
+    import torch
+
+    from export.llm.convert import load_checkpoint, packaged_smollm2
+
+    torch.set_num_threads(1)
+    model, tokenizer = load_checkpoint(packaged_smollm2())
+    ends = [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    for token_id in tokenizer.get_vocab().values():
+        piece = tokenizer.decode([token_id]).strip()
+        if piece[:1] in (".", "?", "!") and not re.search(r"\w", piece):
+            ends.append(token_id)
+    end_ids = torch.tensor(sorted(set(ends)))
+
+    def score(text: str) -> float | None:
+        words = text.strip().rstrip(".?!,;:…").strip()
+        if not words:
+            return None
+        ids = tokenizer("<|im_start|>user\n" + words, return_tensors="pt").input_ids
+        with torch.no_grad():
+            last = model.model(ids).last_hidden_state[:, -1]
+            probs = torch.softmax(model.lm_head(last)[0].float(), -1)
+        return float(probs[end_ids].sum())
+
+    return score
+
+
+WORD_SCORERS: dict[str, Callable[[], Scorer]] = {
+    "turn_words": words_scorer,
+    "smollm2": smollm2_scorer,
+}
+
+
+def words_only(names: Sequence[str]) -> list[dict]:
+    """Each words scorer on the material's true words (no ASR, no audio), per split: heads
+    (unfinished) against whole questions, statements and the LibriVox sentences (finished):
+    AUC, and the finished turns a threshold that lets 10 % of the heads through would
+    hold (scorer-agnostic: the probabilities need not be calibrated), with the CPU ms per
+    text (one thread, p50)."""
+    from evals.recordings import human_clips
+    from evals.turn_taking import complete_turns, questions
+
+    books = human_clips(sets=("librivox",))
+    rows = []
+    for name in names:
+        scorer = WORD_SCORERS[name]()
+        for split in SPLITS:
+            asked = questions(split)
+            texts = [(q.head, False) for q in asked] + [(q.text, True) for q in asked]
+            texts += [(t, True) for t, _ in complete_turns(split)]
+            texts += [(c.text, True) for i, c in enumerate(books) if SPLITS[i % 2] == split]
+            scored, took = [], []
+            for text, whole in texts:
+                started = time.thread_time()
+                p = scorer(text)
+                took.append((time.thread_time() - started) * 1000)
+                if p is not None:
+                    scored.append((p, whole))
+            p = np.array([s for s, _ in scored])
+            whole = np.array([w for _, w in scored])
+            threshold = float(np.quantile(p[~whole], 1 - MAX_CUT))
+            rows.append({
+                "scorer": name,
+                "split": split,
+                "heads": int((~whole).sum()),
+                "finished": int(whole.sum()),
+                "auc": round(_auc(p, whole), 3),
+                "finished_held_at_10pct_heads": _share(list(p[whole] <= threshold)),
+                "cpu_ms_p50": round(float(np.percentile(took, 50)), 2),
+            })  # fmt: skip
+    return rows
+
+
+def _auc(p: np.ndarray, positive: np.ndarray) -> float:
+    """The chance that a positive scores above a negative (ties count half)."""
+    wins = (p[positive][:, None] > p[~positive][None, :]).mean()
+    ties = (p[positive][:, None] == p[~positive][None, :]).mean()
+    return float(wins + ties / 2)
+
+
 class _WithWords:
     """A strategy whose `decide(p, pause, text)` passes on `words=scorer(text)`."""
 
@@ -433,11 +520,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="also the WER of the transcript a turn starts from with the pass at each pause",
     )
+    parser.add_argument(
+        "--words-only",
+        nargs="+",
+        choices=sorted(WORD_SCORERS),
+        metavar="SCORER",
+        help="only compare words scorers on the material's true words (no ASR): "
+        + ", ".join(sorted(WORD_SCORERS)),
+    )
     parser.add_argument("--out", type=Path, default=OUT)
     parser.set_defaults(func=command)
 
 
 def command(args: argparse.Namespace) -> int:
+    if args.words_only:
+        rows = words_only(args.words_only)
+        lines = [
+            "| scorer | split | heads / finished | AUC | finished held where 10 % of heads "
+            "pass | CPU ms / text p50 |",
+            "|---|---|---|---:|---:|---:|",
+        ]
+        for r in rows:
+            lines.append(
+                f"| {r['scorer']} | {r['split']} | {r['heads']} / {r['finished']} | {r['auc']} "
+                f"| {_pct(r['finished_held_at_10pct_heads'])} | {r['cpu_ms_p50']} |"
+            )
+        save_results(args.out, "words_only", {"rows": rows}, "\n".join(lines))
+        return 0
     families = tuple(f.strip() for f in args.voices.split(",") if f.strip())
     unknown = set(families) - set(FAMILIES)
     if unknown:

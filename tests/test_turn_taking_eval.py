@@ -113,3 +113,23 @@ def test_the_command_reports_both_splits(tmp_path: Path) -> None:
     table = (tmp_path / "turn_taking.md").read_text()
     assert "| silence 0.7 | dev |" in table and "finished p50 / p95 ms" in table
     assert (tmp_path / "turn_taking_rows.csv").is_file()
+
+
+def test_words_only_ranks_whole_questions_above_their_heads(tmp_path: Path) -> None:
+    """`python -m perf turn-taking --words-only turn_words`: the served words model on the
+    material's true words, per split; a scorer that could not tell a head from its whole
+    question would rank them at AUC ~0.5."""
+    from perf.__main__ import main
+    from perf.turn_taking import _auc
+
+    assert _auc(np.array([0.9, 0.2, 0.5, 0.5]), np.array([True, False, True, False])) == 0.875
+    args = ["turn-taking", "--words-only", "turn_words", "--out", str(tmp_path)]
+    assert main(args) == 0
+    rows = json.loads((tmp_path / "words_only.json").read_text())["rows"]
+    assert [(r["scorer"], r["split"]) for r in rows] == [
+        ("turn_words", "dev"), ("turn_words", "test"),
+    ]  # fmt: skip
+    for r in rows:
+        assert r["heads"] == 20 and r["finished"] > r["heads"], r
+        assert r["auc"] > 0.8, r  # 0.92 / 0.96 when written
+    assert "| turn_words | dev |" in (tmp_path / "words_only.md").read_text()

@@ -5,8 +5,9 @@ The server is started once per test session on free ports with every model of
 a secret, fewer models, limits) or that kill their server start one of their own.
 
 `make test` runs the suite in two processes at once: the tests of UNTIMED_MODULES in a
-second one at idle priority (SCHED_IDLE, nice 19), so that they use the CPU the others leave idle (those wait on real
-servers, browsers and audio at its own pace) without delaying them.
+second one at idle priority (SCHED_IDLE, nice 19), so that they use the CPU the others
+leave idle (those wait on real servers, browsers and audio at its own pace) without
+delaying them.
 """
 
 from __future__ import annotations

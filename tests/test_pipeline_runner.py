@@ -164,3 +164,21 @@ def _final():
     from avatar.pipeline.events import FinalEvent
 
     return FinalEvent("hi", "hello", "", [], {"stage_ms": {}})
+
+
+def test_join_says_where_a_turn_that_did_not_end_stands():
+    """At unload the `avatar` model logs each turn still running (a turn that outlived its
+    client kept the server from stopping in its grace): join returns their stacks."""
+    gate = threading.Event()
+    fake = FakeStages()
+    slow = Stages(fake.transcribe, lambda *a: _blocked(gate, fake.chat(*a)), fake.speak)
+    runner = TurnRunner(slow, RunnerConfig())
+    stream = FakeStream(runner)
+    assert runner.submit(_turn(), stream)
+    stacks = runner.join(0.2)
+    assert (
+        len(stacks) == 1 and "run_turn" in stacks[0] and "_sentences" in stacks[0]
+    )  # waits on the llm
+    gate.set()
+    assert stream.closed.wait(10)
+    assert runner.join(5) == []

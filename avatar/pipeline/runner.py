@@ -11,7 +11,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import sys
 import threading
+import traceback
 from collections.abc import Callable
 from typing import Protocol
 
@@ -85,12 +87,19 @@ class TurnRunner:
         with self._lock:
             return len(self._threads)
 
-    def join(self, timeout_s: float) -> None:
-        """Wait (at most timeout_s per turn) for the running turns to end."""
+    def join(self, timeout_s: float) -> list[str]:
+        """Wait (at most timeout_s per turn) for the running turns to end -> where each turn
+        still running stands (its thread's stack), so that an unload that waited says why."""
         with self._lock:
             threads = list(self._threads)
         for thread in threads:
             thread.join(timeout=timeout_s)
+        frames = sys._current_frames()
+        return [
+            f"{thread.name} ({thread.ident}):\n" + "".join(traceback.format_stack(frame))
+            for thread in threads
+            if thread.is_alive() and (frame := frames.get(thread.ident or -1)) is not None
+        ]
 
     def _run(self, turn: TurnRequest, stream: TurnStream) -> None:
         token = self.sessions.begin(turn.session_id)

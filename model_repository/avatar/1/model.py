@@ -251,7 +251,8 @@ class TritonPythonModel:
                 sender.send(_busy(self.runner.config.max_active_turns), flags=FINAL)
 
     def finalize(self) -> None:
-        self.runner.join(timeout_s=10.0)
+        for stack in self.runner.join(timeout_s=10.0):  # a turn that outlived its client
+            pb_utils.Logger.log_warn(f"avatar: a turn still runs at unload: {stack}")
         pb_utils.Logger.log_info("avatar: finalized")
 
 

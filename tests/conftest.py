@@ -63,61 +63,12 @@ def embedded_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return repo
 
 
-_SHARED: list[EmbeddedServer] = []  # the session's server, once a test started it
-_REPORTED: dict[str, float] = {}  # the work in flight last named (named once, not per module)
-
-
 @pytest.fixture(scope="session")
 def triton_server(embedded_repository: Path) -> Iterator[EmbeddedServer]:
     with EmbeddedServer(ServerOptions(embedded_repository, startup_timeout_s=600)) as server:
-        _SHARED.append(server)
         yield server
     # Models that crashed their stub or leaked errors show up here after the run.
     logging.getLogger(__name__).info("server log: %s", server.log_path)
-
-
-def _in_flight(server: EmbeddedServer) -> dict[str, float]:
-    """The python-backend models' work in flight (avatar/triton/metrics.py's gauge)."""
-    import re
-    import urllib.request
-
-    with urllib.request.urlopen(server.metrics_url, timeout=2) as reply:
-        text = reply.read().decode()
-    gauge = re.compile(r"^avatar_active\{(?P<labels>[^}]*)\} (?P<value>\S+)$", re.M)
-    return {m["labels"]: float(m["value"]) for m in gauge.finditer(text) if float(m["value"])}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _no_work_left_on_the_shared_server(request: pytest.FixtureRequest) -> Iterator[None]:
-    """After a module that used the shared server: a turn (or generation) still in flight
-    5 s after its tests is named here. One kept the server from stopping in its grace at
-    the end of 3 of 5 full runs (2026-11-27), and nothing said which module left it."""
-    yield
-    used = any(
-        "triton_server" in getattr(item, "fixturenames", ())
-        for item in request.session.items
-        if item.module is request.module
-    )
-    if not (_SHARED and used):
-        return
-    import time
-    import warnings
-
-    try:
-        left = _in_flight(_SHARED[0])
-        deadline = time.monotonic() + 5.0
-        while left and left != _REPORTED and time.monotonic() < deadline:
-            time.sleep(0.25)  # turns that end just after their test's last check
-            left = _in_flight(_SHARED[0])
-    except OSError as error:  # the server is gone (a test stopped it): nothing to read
-        logging.getLogger(__name__).info("in-flight check skipped: %s", error)
-        return
-    if left and left != _REPORTED:
-        _REPORTED.clear()
-        _REPORTED.update(left)
-        message = f"{request.module.__name__} left work in flight on the shared server: {left}"
-        logging.getLogger(__name__).warning(message)
-        warnings.warn(message, stacklevel=1)
 
 
 @pytest.fixture(scope="session")

@@ -423,6 +423,11 @@ def _recordings() -> tuple[tuple[str, np.ndarray, str], ...]:
     return tuple((c.text, c.audio, SPLITS[i % 2]) for i, c in enumerate(clips))
 
 
+def recording_texts(split: str | None = None) -> list[str]:
+    """What the LibriVox recordings of `split` say (finished turns, each a whole sentence)."""
+    return [text for text, _, part in _recordings() if split in (None, part)]
+
+
 def human_cut(audio: np.ndarray) -> int:
     """A low-energy gap between 35 % and 75 % of the recording's speech (a word boundary)."""
     first, end = speech_span(audio)

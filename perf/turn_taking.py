@@ -177,10 +177,8 @@ def words_only(names: Sequence[str]) -> list[dict]:
     AUC, and the finished turns a threshold that lets 10 % of the heads through would
     hold (scorer-agnostic: the probabilities need not be calibrated), with the CPU ms per
     text (one thread, p50)."""
-    from evals.recordings import human_clips
-    from evals.turn_taking import complete_turns, questions
+    from evals.turn_taking import complete_turns, questions, recording_texts
 
-    books = human_clips(sets=("librivox",))
     rows = []
     for name in names:
         scorer = WORD_SCORERS[name]()
@@ -188,7 +186,7 @@ def words_only(names: Sequence[str]) -> list[dict]:
             asked = questions(split)
             texts = [(q.head, False) for q in asked] + [(q.text, True) for q in asked]
             texts += [(t, True) for t, _ in complete_turns(split)]
-            texts += [(c.text, True) for i, c in enumerate(books) if SPLITS[i % 2] == split]
+            texts += [(text, True) for text in recording_texts(split)]
             scored, took = [], []
             for text, whole in texts:
                 started = time.thread_time()

@@ -30,6 +30,7 @@ import dataclasses
 import functools
 import json
 import logging
+import re
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -92,7 +93,59 @@ def _served_no_copy(config: LocalConfig) -> LocalConfig:
     return _grounding(config, recall=SERVED.recall, recall_persona=SERVED.recall_persona)
 
 
+def _candidates(agreement: str, choose_after: str = "sentence") -> Variant:
+    """The served settings, the first sentence (`choose_after` "piece": the first piece for
+    TTS) decoded as CANDIDATES candidates side by side and the one that agrees best with
+    the sources kept (`agreement`: "words", "embedding")."""
+
+    def variant(config: LocalConfig) -> LocalConfig:
+        fields = dataclasses.asdict(config.llm.grounding)
+        fields.update(candidates=CANDIDATES, agreement=agreement, choose_after=choose_after)
+        config = _grounding(config, **fields)
+        if agreement == "embedding":
+            llm = dataclasses.replace(config.llm, embed=_embedding_model())
+            config = dataclasses.replace(config, llm=llm)
+        return config
+
+    return variant
+
+
+# worked answers in the persona, one per kind of question (few-shot), on made-up facts
+FEW_SHOT = (
+    'For example: asked "What is your name?", you say "My name is {name}." Told "My room is '
+    '214." and later asked "What is my room number?", you say "Your room number is 214." '
+    'Asked "When does the pool open?" with the information "The pool opens at 8.", you say '
+    '"The pool opens at 8."'
+)
+
+
+def _few_shot(config: LocalConfig) -> LocalConfig:
+    """The served settings, the persona followed by FEW_SHOT for its own name."""
+    found = re.search(r"Your name is ([^.]+)\.", config.llm.persona)
+    name = found.group(1) if found else DEFAULT.name
+    persona = f"{config.llm.persona} {FEW_SHOT.format(name=name)}"
+    return dataclasses.replace(config, llm=dataclasses.replace(config.llm, persona=persona))
+
+
+@functools.cache
+def _embedding_model() -> Callable[[list[str]], np.ndarray]:
+    """The served sentence embedding model (the knowledge retriever's MiniLM, the
+    `emotion_encoder` graph), in this process."""
+    import onnxruntime as ort
+
+    from avatar.animation.emotion_classifier import SentenceTokenizer
+    from serving.served import local_models
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    path = str(local_models().emotion_encoder)
+    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    tokenize = SentenceTokenizer()
+    return lambda texts: session.run(["embedding"], tokenize(texts))[0]
+
+
 SERVED = GroundingConfig.from_json(served_parameters("llm")["grounding"])
+CANDIDATES = 3  # the candidate rows' count
 # rows: the served settings and the steps to them, each measured on the same conversations
 VARIANTS: dict[str, Variant] = {
     "before": _before,  # the one-line persona, no grounding
@@ -100,6 +153,12 @@ VARIANTS: dict[str, Variant] = {
     "+recall": _plus_recall,  # + what is known read beside a question about someone
     "served": lambda config: config,  # + the default persona says "Your name is Mia."
     "served-no-copy": _served_no_copy,  # the served settings without the copy bias
+    # + candidates of the first sentence, the one agreeing with the sources chosen
+    "+candidates": _candidates("words"),  # by the share of content words in the sources
+    "+candidates-embed": _candidates("embedding"),  # by MiniLM's cosine to a source sentence
+    # judged on the first piece the TTS gets (sooner) instead of the first sentence
+    "+candidates-embed-piece": _candidates("embedding", "piece"),
+    "+few-shot": _few_shot,  # the persona with a worked answer per kind of question
 }
 
 

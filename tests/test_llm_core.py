@@ -161,6 +161,21 @@ def test_prefix_cache_longest_match_and_truncation():
     assert len(cache) == 2
 
 
+def test_prefix_cache_keeps_no_entry_that_another_one_covers():
+    """A prompt cached when its generation starts is dropped once the whole conversation
+    is put at its end; putting a prefix of an entry adds nothing."""
+    cache = PrefixCache(capacity=4)
+    past = [np.arange(10, dtype=np.float32).reshape(1, 1, 10, 1)]
+    cache.put([1, 2, 3], past)  # the prompt, at the start
+    cache.put([9], past)
+    cache.put([1, 2, 3, 4, 5], past)  # the conversation, at the end
+    assert sorted(cache._entries) == [(1, 2, 3, 4, 5), (9,)]
+    cache.put([1, 2], past)
+    assert len(cache) == 2 and next(reversed(cache._entries)) == (1, 2, 3, 4, 5)
+    n, got = cache.lookup([1, 2, 3, 7])
+    assert n == 3 and got[0].shape[2] == 3
+
+
 def test_stack_and_unstack_pasts_round_trip():
     layout = KvLayout(layers=1, kv_heads=2, head_dim=3)
     rng = np.random.default_rng(0)

@@ -22,9 +22,15 @@ import abc
 import dataclasses
 from collections.abc import Callable
 
-from avatar.llm.grounding import CopyBias, GroundingConfig
+from avatar.llm.grounding import (
+    CopyBias,
+    Embed,
+    GroundingConfig,
+    embedding_agreement,
+    word_agreement,
+)
 from avatar.llm.sampling import Sampler, SamplingParams
-from avatar.llm.scheduler import Event, Generation, Scheduler
+from avatar.llm.scheduler import Choice, Event, Generation, Scheduler
 from avatar.llm.sequences import SequenceDecoder
 from avatar.llm.stream import Chunk, SentenceSplitter, TextStream
 from avatar.llm.template import Message
@@ -124,9 +130,16 @@ class DecoderBackend(TokenizedPrompts, ReplyBackend):
     name = "decoder"
 
     def __init__(
-        self, decoder: SequenceDecoder, tokenizer: Tokenizer, max_batch: int, context_tokens: int
+        self,
+        decoder: SequenceDecoder,
+        tokenizer: Tokenizer,
+        max_batch: int,
+        context_tokens: int,
+        embed: Embed | None = None,
     ):
-        self.tokenizer = tokenizer
+        """`embed`: the sentence embedding model, for candidates chosen by "embedding"
+        agreement (avatar.llm.grounding)."""
+        self.tokenizer, self.embed = tokenizer, embed
         self.scheduler = Scheduler(decoder, tokenizer.stop_ids, max_batch, context_tokens)
 
     def submit(self, reply: Reply) -> None:
@@ -139,12 +152,44 @@ class DecoderBackend(TokenizedPrompts, ReplyBackend):
         generation = Generation(
             prompt=prompt,
             sampler=Sampler(reply.sampling, bias),
-            stream=TextStream(self.tokenizer.stream_decoder(), reply.sampling.stop),
+            stream=self._stream(reply),
             emit=reply.emit,
             is_cancelled=reply.ended,
             splitter=reply.splitter,
+            choice=self._choice(reply, bias),
         )
         self.scheduler.submit(generation)
+
+    def _stream(self, reply: Reply) -> TextStream:
+        return TextStream(self.tokenizer.stream_decoder(), reply.sampling.stop)
+
+    def _choice(self, reply: Reply, bias: CopyBias | None) -> Choice | None:
+        """Candidates of the first sentence, when the reply has sources to agree with."""
+        grounding = reply.grounding
+        if not grounding.chooses or not reply.sources:
+            return None
+        sources, embed = reply.sources, self.embed
+
+        def sampler(i: int) -> Sampler:
+            params = reply.sampling
+            seed = None if params.seed is None else (params.seed + 7919 * i) % 2**63
+            temperature = max(params.temperature, grounding.candidate_temperature)
+            return Sampler(dataclasses.replace(params, seed=seed, temperature=temperature), bias)
+
+        def score(candidates: list[str]) -> list[float]:
+            if grounding.agreement == "embedding":
+                if embed is None:
+                    raise ValueError("embedding agreement needs the engine's embedding model")
+                return embedding_agreement(candidates, sources, embed)
+            return [word_agreement(text, sources) for text in candidates]
+
+        return Choice(
+            grounding.candidates,
+            sampler,
+            lambda: self._stream(reply),
+            score,
+            first_piece=grounding.choose_after == "piece",
+        )
 
     def start(self) -> None:
         self.scheduler.start()

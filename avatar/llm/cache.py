@@ -39,10 +39,18 @@ class PrefixCache:
         self.hits = self.misses = 0
 
     def put(self, ids: Sequence[int], past: Past) -> None:
+        """Keep the KV of `ids`. An entry that is a prefix of another serves no lookup the
+        longer one does not: the shorter is dropped (a prompt cached when its generation
+        started, once the generation's whole conversation is put at its end)."""
         key = tuple(ids)
         with self._lock:
+            for other in list(self._entries):
+                if len(other) >= len(key) and other[: len(key)] == key:
+                    self._entries.move_to_end(other)  # it already holds `ids`
+                    return
+                if other == key[: len(other)]:
+                    del self._entries[other]
             self._entries[key] = [p[:, :, : len(key), :] for p in past]
-            self._entries.move_to_end(key)
             while len(self._entries) > self.capacity:
                 self._entries.popitem(last=False)
 

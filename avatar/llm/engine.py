@@ -25,7 +25,7 @@ from avatar.llm.backend import DecoderBackend, Reply, ReplyBackend
 from avatar.llm.cache import PrefixCache
 from avatar.llm.conversation import ConversationStore, MemoryStore, StoreError, bound_context
 from avatar.llm.decoder import Decoder
-from avatar.llm.grounding import GroundingConfig, recalled, sources
+from avatar.llm.grounding import Embed, GroundingConfig, recalled, sources
 from avatar.llm.persona import DEFAULT
 from avatar.llm.sampling import SamplingParams
 from avatar.llm.scheduler import Event, Scheduler
@@ -58,6 +58,8 @@ class EngineConfig:
     sampling: SamplingParams = dataclasses.field(default_factory=SamplingParams)
     # the copy bias towards the persona, the user's words and the passages (packaged decoder)
     grounding: GroundingConfig = dataclasses.field(default_factory=GroundingConfig)
+    # the sentence embedding model (texts -> vectors), for candidates chosen by embedding
+    embed: Embed | None = dataclasses.field(default=None, compare=False)
 
 
 class SentenceBudget:
@@ -134,7 +136,11 @@ class ChatEngine:
             if isinstance(decoder, Decoder):
                 decoder = KvCacheSequences(decoder, PrefixCache(self.config.prefix_cache_entries))
             self.backend = DecoderBackend(
-                decoder, tokenizer, self.config.max_batch, self.config.context_tokens
+                decoder,
+                tokenizer,
+                self.config.max_batch,
+                self.config.context_tokens,
+                self.config.embed,
             )
 
     @property
@@ -218,7 +224,7 @@ class ChatEngine:
         # the passages are this turn's only: the session keeps the question as asked
         memory = [*full[:-1], question] if reading else None
         copied = ()
-        if self.config.grounding.copies:
+        if self.config.grounding.copies or self.config.grounding.chooses:
             copied = sources(
                 [*full[:-1], question],
                 self.config.grounding,

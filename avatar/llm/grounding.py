@@ -20,11 +20,13 @@ import dataclasses
 import json
 import re
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from avatar.llm.template import Message
+
+Embed = Callable[[list[str]], np.ndarray]  # texts -> sentence vectors [N, D]
 
 # the user's words as the avatar would say them back ("my" -> "your")
 _TO_SECOND = {
@@ -55,6 +57,8 @@ _TO_FIRST = {
     "you'll": "I'll",
 }
 _WORD = re.compile(r"[A-Za-z]+(?:'[a-z]+)?")
+MAX_CANDIDATES = 8
+AGREEMENTS = ("words", "embedding")
 
 
 def _swap(text: str, table: dict[str, str]) -> str:
@@ -102,10 +106,26 @@ class GroundingConfig:
     # about the avatar ("what is your name?"), the persona's statements about itself
     recall: int = 0
     recall_persona: bool = False
+    # > 1: this many candidates of the reply's first sentence are decoded side by side
+    # where it has sources, and the one that agrees best with them goes on (the others are
+    # dropped); the extra ones sample at `candidate_temperature` at least (a greedy turn's
+    # would all be the same). `agreement`: "words", the share of the candidate's content
+    # words found in the sources; "embedding", its best cosine to a source sentence under
+    # the engine's embedding model (EngineConfig.embed)
+    candidates: int = 1
+    candidate_temperature: float = 0.7
+    agreement: str = "words"
+    # "piece": judge them on the first piece the TTS would get (a first clause of
+    # first_clause_words words may be one), sooner than on the whole first sentence
+    choose_after: str = "sentence"
 
     @property
     def copies(self) -> bool:
         return self.bonus > 0
+
+    @property
+    def chooses(self) -> bool:
+        return self.candidates > 1
 
     @classmethod
     def from_json(cls, text: str) -> GroundingConfig:
@@ -119,6 +139,16 @@ class GroundingConfig:
         if config.bonus < 0 or config.recall < 0 or not 1 <= config.min_span <= config.max_span:
             raise ValueError(
                 f"grounding {text!r}: bonus and recall must be >= 0, 1 <= min_span <= max_span"
+            )
+        if not 1 <= config.candidates <= MAX_CANDIDATES or config.candidate_temperature <= 0:
+            raise ValueError(
+                f"grounding {text!r}: candidates must be in [1, {MAX_CANDIDATES}] and "
+                "candidate_temperature > 0"
+            )
+        if config.agreement not in AGREEMENTS or config.choose_after not in ("sentence", "piece"):
+            raise ValueError(
+                f"grounding {text!r}: agreement must be one of {AGREEMENTS}, choose_after "
+                '"sentence" or "piece"'
             )
         return config
 
@@ -214,3 +244,47 @@ class CopyBias:
                 ids = np.fromiter(following, np.int64)
                 scores[ids] += self.config.bonus * length
                 return
+
+
+# words that carry no fact: a candidate is judged by the others ("name", "Mia", "4417")
+_FUNCTION_WORDS = frozenset(
+    str.split(
+        """a an the and or but if so of to in on at by for with from as into about than then
+    is are was were be been being am do does did have has had will would can could shall
+    should may might must i me my mine you your yours we us our he him his she her it its
+    they them their this that these those there here what which who whom whose when where
+    why how not no yes oh well sure just also very really too please thank thanks hello hi
+    let i'm you're it's that's i'd i'll i've you've we're there's here's what's"""
+    )
+)
+_CONTENT = re.compile(r"[A-Za-z]+(?:'[a-z]+)?|\d+(?:[.,:]\d+)*")
+
+
+def content_words(text: str) -> list[str]:
+    """The words of `text` that can state a fact: names, nouns, figures (lower case)."""
+    words = (w.lower() for w in _CONTENT.findall(text))
+    return [w for w in words if w not in _FUNCTION_WORDS]
+
+
+def word_agreement(candidate: str, sources: Sequence[str]) -> float:
+    """The share of the candidate's content words found in the sources, as a pointer-style
+    decoder would count copied words (0 when it has none)."""
+    said = content_words(candidate)
+    if not said:
+        return 0.0
+    known = set(content_words(" ".join(sources)))
+    return sum(word in known for word in said) / len(said)
+
+
+def embedding_agreement(
+    candidates: Sequence[str], sources: Sequence[str], embed: Embed
+) -> list[float]:
+    """Each candidate's highest cosine to a sentence of the sources, under `embed` (the
+    served sentence embedding model: texts -> vectors [N, D]), in one call."""
+    pieces = [s for source in sources for s in _SENTENCE.findall(source) if s.strip()]
+    if not pieces or not candidates:
+        return [0.0] * len(candidates)
+    vectors = np.asarray(embed([*candidates, *pieces]), np.float64)
+    vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-9)
+    cosines = vectors[: len(candidates)] @ vectors[len(candidates) :].T
+    return [float(row.max()) for row in cosines]

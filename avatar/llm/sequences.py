@@ -13,7 +13,8 @@ the engine's own tests and benchmarks, and inside the embedded `llm_decoder` run
 (avatar/triton/sequence_runner.py), so both serve the same code. It batches the steps of
 concurrent sequences by left-padding their caches (mask 0 on the padding) and keeps a
 prefix cache: a started sequence reuses the KV of the longest prompt prefix it has seen
-end, so the persona and a session's earlier turns are not run again.
+start or end, so the persona, a session's earlier turns and a prompt started again (a
+reply's candidates, avatar/llm/scheduler.py) are not run again.
 """
 
 from __future__ import annotations
@@ -134,6 +135,9 @@ class KvCacheSequences(HeldSequences, SequenceDecoder):
         logits, presents = self.decoder.step(new, mask, positions(mask, new.shape[1]), past)
         with self._lock:
             self._held[step.sequence_id] = _Held(prompt, presents, time.monotonic(), n)
+        # another sequence started on the same prompt (a reply's extra candidates, a
+        # repeated turn) runs only its last token
+        self.cache.put(prompt, presents)
         return logits[0, -1]
 
     def _continue(self, steps: Sequence[Step]) -> list[np.ndarray]:

@@ -38,7 +38,7 @@ from avatar.llm.sequences import SequenceDecoder, Step
 from avatar.llm.settings import LlmSettings, engine_config, llm_settings
 from avatar.llm.tokenizer import Tokenizer
 from avatar.llm.trtllm import TensorRtLlmBackend
-from avatar.model_io import LLM, LLM_DECODER
+from avatar.model_io import EMOTION_ENCODER, LLM, LLM_DECODER
 from avatar.model_parameters import ModelParameters
 from avatar.triton import bls
 from avatar.triton.diagnostics import enable_crash_reports
@@ -97,6 +97,24 @@ def _tensorrt_llm(model: str, tokenizer: Tokenizer, max_streams: int) -> TensorR
     return TensorRtLlmBackend(tokenizer, stream, cancel, tokenizer.end_id, max_streams)
 
 
+def _embedder(model: str, batch: int = 16):
+    """Texts -> sentence vectors by the served MiniLM (`emotion_encoder`, whose batches
+    hold at most `batch` rows): what candidates of a reply are chosen by."""
+    from avatar.animation.emotion_classifier import SentenceTokenizer
+
+    tokenize = SentenceTokenizer()
+
+    def embed(texts: list[str]) -> np.ndarray:
+        rows = []
+        for start in range(0, len(texts), batch):
+            inputs = EMOTION_ENCODER.rows(**tokenize(texts[start : start + batch]))
+            out = bls.infer(model, inputs, list(EMOTION_ENCODER.outputs))
+            rows.append(EMOTION_ENCODER.read_rows(out)["embedding"])
+        return np.concatenate(rows)
+
+    return embed
+
+
 def _artifact_folder(repository: Path, decoder_model: str) -> Path:
     """The decoder's version folder: the materialiser places the tokenizer, chat template
     and model config beside its graph there."""
@@ -141,7 +159,12 @@ class TritonPythonModel:
         if settings.backend == "tensorrt_llm":
             return _tensorrt_llm(settings.tensorrt_llm_model, tokenizer, config.max_batch)
         self.decoder = TritonSequenceDecoder(decoder_model, config.max_batch)
-        return DecoderBackend(self.decoder, tokenizer, config.max_batch, config.context_tokens)
+        embed = None
+        if config.grounding.chooses and config.grounding.agreement == "embedding":
+            embed = _embedder(params.str("embedding_model", "emotion_encoder"))
+        return DecoderBackend(
+            self.decoder, tokenizer, config.max_batch, config.context_tokens, embed
+        )
 
     def _check_endpoint(self, settings: LlmSettings) -> None:
         """Logs whether the endpoint answers (the model loads either way: the server may

@@ -65,38 +65,55 @@ def default_strategies() -> list[Strategy]:
     ]
 
 
-# The fusion grid that `--fused` runs, `choose` picks from on dev: (words_weight,
-# complete_at, unfinished_below, unfinished_silence_s) of avatar.end_of_turn.Fusion.
-FUSION_GRID = [
-    (weight, complete, below, 1.8)
-    for weight in (0.3, 0.5, 0.7)
-    for complete in (0.5, 0.6, 0.7, 0.8)
-    for below in (0.35, 0.5, 0.65)
-]
+# The fusion grids that `--fused` runs, `choose` picks from on dev, per words scorer
+# (`--words-scorer`): (words_weight, complete_at, unfinished_below, unfinished_silence_s) of
+# avatar.end_of_turn.Fusion. The chat model's cut turns score ~0.005, its finished ~0.3:
+# its grid sits lower.
+FUSION_GRIDS = {
+    "turn_words": [
+        (weight, complete, below, 1.8)
+        for weight in (0.3, 0.5, 0.7)
+        for complete in (0.5, 0.6, 0.7, 0.8)
+        for below in (0.35, 0.5, 0.65)
+    ],
+    "smollm2": [
+        (weight, complete, below, 1.8)
+        for weight in (0.3, 0.5, 0.7)
+        for complete in (0.3, 0.45, 0.6)
+        for below in (0.01, 0.03, 0.1)
+    ],
+}
+# the setting whose timings are tried: the served default for turn_words, the one chosen
+# on dev for the chat model (issue 43, fourth round)
+TIMED_FUSION = {"smollm2": (0.7, 0.3, 0.1, 1.8)}
 
 
-# ...and the timing grid, with the default fusion: (the silences of the asks, the first
-# also where the gateway's pass at the pause starts; the most silence that waits for an
-# answer on its way: 0.7 = none, the silence rule's own)
-TIMING_GRID = [((0.2, 0.6), 0.7), ((0.2, 0.6), 1.2), ((0.1, 0.6), 0.7), ((0.1, 0.6), 1.2)]
+# ...and the timing grid, with that fusion: (the silences of the asks, the first also where
+# the gateway's pass at the pause starts; the most silence that waits for an answer on its
+# way: 0.7 = none, the silence rule's own)
+TIMING_GRID = [
+    ((0.2, 0.6), 0.7), ((0.2, 0.6), 1.2), ((0.1, 0.6), 0.7), ((0.1, 0.6), 1.2),
+    ((0.064, 0.6), 1.2),
+]  # fmt: skip
 
 
-def fused_strategies() -> list[Strategy]:
+def fused_strategies(words: str = "turn_words") -> list[Strategy]:
     """THE PLACE for strategies that fuse the audio's answer with the words' (`--fused`):
-    ModelEndpointer with each `FUSION_GRID` setting at the default timing, and the default
-    fusion at each `TIMING_GRID` timing, its `decide` given the in-process turn_words
-    probability of the transcript."""
+    ModelEndpointer with each setting of `words`' grid at the default timing, and its timed
+    fusion at each `TIMING_GRID` timing, its `decide` given the in-process probability of
+    the transcript by the words scorer `words` (WORD_SCORERS)."""
     from avatar.end_of_turn import ANSWER_WAIT_S, ASK_AT_S, Fusion, ModelEndpointer
 
-    scorer = words_scorer()
+    scorer = WORD_SCORERS[words]()
     default = (dataclasses.astuple(Fusion()), (ASK_AT_S, ANSWER_WAIT_S))
+    timed = TIMED_FUSION.get(words, default[0])
 
     def strategy(setting: tuple[float, ...], timing: tuple[tuple[float, ...], float]) -> Strategy:
         (w, c, u, s), (ask_at, wait) = setting, timing
-        label = f"fused w{w:g} c{c:g} u{u:g} s{s:g}"
+        label = f"fused{'' if words == 'turn_words' else f' {words}'} w{w:g} c{c:g} u{u:g} s{s:g}"
         if timing != default[1]:
             label += f" ask {'/'.join(f'{a:g}' for a in ask_at)} wait {wait:g}"
-        label += " (default)" if (setting, timing) == default else ""
+        label += " (default)" if (setting, timing) == default and words == "turn_words" else ""
         fusion = Fusion(words_weight=w, complete_at=c, unfinished_below=u, unfinished_silence_s=s)
         return (
             label,
@@ -106,10 +123,11 @@ def fused_strategies() -> list[Strategy]:
             scorer,
         )
 
-    grid = FUSION_GRID if default[0] in FUSION_GRID else [default[0], *FUSION_GRID]
+    grid = FUSION_GRIDS[words]
+    grid = grid if timed in grid else [timed, *grid]
     timings = [t for t in TIMING_GRID if t != default[1]]
     return [strategy(setting, default[1]) for setting in grid] + [
-        strategy(default[0], timing) for timing in timings
+        strategy(timed, timing) for timing in timings
     ]
 
 
@@ -132,37 +150,12 @@ def words_scorer() -> Scorer:
 
 
 def smollm2_scorer() -> Scorer:
-    """The packaged SmolLM2-135M-Instruct read as LiveKit's detector reads its model, zero
-    shot: after "<|im_start|>user\n" and the words (their end marks dropped), the chance
-    that the next token ends the turn or the sentence (<|im_end|>, or a token that starts
-    with ".", "?" or "!"). Not calibrated: compare it by ranking (AUC), not threshold.
-    PyTorch in-process, one thread (an experiment for `--words-only`, not served)."""
-    import re
+    """The packaged SmolLM2-135M-Instruct read zero shot as LiveKit's detector reads its
+    model (export/turn_words/chat_model.py): its exported graph with 8-bit weights, as it
+    was measured served; measured, not adopted (docs/performance.md section 25)."""
+    from export.turn_words.chat_model import scorer
 
-    import torch
-
-    from export.llm.convert import load_checkpoint, packaged_smollm2
-
-    torch.set_num_threads(1)
-    model, tokenizer = load_checkpoint(packaged_smollm2())
-    ends = [tokenizer.convert_tokens_to_ids("<|im_end|>")]
-    for token_id in tokenizer.get_vocab().values():
-        piece = tokenizer.decode([token_id]).strip()
-        if piece[:1] in (".", "?", "!") and not re.search(r"\w", piece):
-            ends.append(token_id)
-    end_ids = torch.tensor(sorted(set(ends)))
-
-    def score(text: str) -> float | None:
-        words = text.strip().rstrip(".?!,;:…").strip()
-        if not words:
-            return None
-        ids = tokenizer("<|im_start|>user\n" + words, return_tensors="pt").input_ids
-        with torch.no_grad():
-            last = model.model(ids).last_hidden_state[:, -1]
-            probs = torch.softmax(model.lm_head(last)[0].float(), -1)
-        return float(probs[end_ids].sum())
-
-    return score
+    return scorer()
 
 
 WORD_SCORERS: dict[str, Callable[[], Scorer]] = {
@@ -507,6 +500,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--fused", action="store_true", help="also the strategies of fused_strategies()"
     )
     parser.add_argument(
+        "--words-scorer",
+        choices=sorted(FUSION_GRIDS),
+        default="turn_words",
+        help="the words scorer the fused strategies read (turn_words: the served one)",
+    )
+    parser.add_argument(
         "--answers",
         type=Path,
         help="a file of the models' answers to reuse and update (same material, same models)",
@@ -549,7 +548,7 @@ def command(args: argparse.Namespace) -> int:
     unknown = set(families) - set(FAMILIES)
     if unknown:
         raise SystemExit(f"--voices: unknown families {sorted(unknown)} (of {FAMILIES})")
-    strategies = default_strategies() + (fused_strategies() if args.fused else [])
+    strategies = default_strategies() + (fused_strategies(args.words_scorer) if args.fused else [])
     if args.fused and len(strategies) == 2:
         log.warning("--fused: no fused strategies in this tree (fused_strategies() is empty)")
     pauses = tuple(args.pauses)

@@ -10,6 +10,7 @@ the same conversations.
 
     python -m perf says --split dev                      # settings are chosen here
     python -m perf says --split test --variants before served   # the report's figures
+    python -m perf says --split dev --variants served +candidates +candidates-embed
     python -m perf says --split test --endpoint http://127.0.0.1:8080/v1 [--model NAME]
     python -m perf says --split test --llama-cpp [GGUF]  # starts llama.cpp's server on it
 

@@ -15,6 +15,7 @@ import dataclasses
 import importlib.util
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -204,6 +205,13 @@ class ServerOptions:
         )
 
 
+# The work-in-flight gauges (avatar.triton.metrics) that a stop waits to read 0: turns,
+# llm generations (each holds a `llm_decoder` sequence open until its END step) and tts
+# streams. Not "sessions": a conversation's memory is state, not work.
+DRAINED = frozenset({("avatar", "turns"), ("llm", "generations"), ("tts", "requests")})
+_GAUGE = re.compile(r"^avatar_active\{(?P<labels>[^}]*)\} (?P<value>\S+)$", re.MULTILINE)
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
 # `avatar serve --web`: the models' nice value beside the gateway (CFS weights 335 vs 1024:
 # when both want the 2 cores, the gateway's loop gets its share at once)
 WEB_NICENESS = 5
@@ -377,13 +385,55 @@ class EmbeddedServer:
     def is_running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
-    def stop(self, grace_s: float = 15.0) -> None:
-        """Stop the supervisor, then the server: SIGTERM, wait `grace_s`, then SIGKILL.
-        Safe to call twice."""
+    def stop(self, grace_s: float = 15.0, drain_s: float = 10.0) -> None:
+        """Stop the supervisor, let the work in flight end (at most `drain_s`), then stop
+        the server: SIGTERM, wait `grace_s`, then SIGKILL. Safe to call twice."""
         supervisor, self.supervisor = self.supervisor, None
         if supervisor is not None:
             supervisor.stop()
+        if drain_s > 0 and self.is_running():
+            self.drain(drain_s)
         self._stop_process(grace_s)
+
+    def drain(self, timeout_s: float, quiet_s: float = 0.2) -> bool:
+        """Wait until no turn, generation or speech is in flight (the models' DRAINED
+        gauges read 0 for `quiet_s`) -> whether it got there within `timeout_s`.
+
+        Why before SIGTERM: an exiting Triton refuses every new request, so work still
+        running then cannot end: a cancelled turn's llm generation cannot send the END
+        step of its `llm_decoder` sequence, and Triton waits for that open sequence (up
+        to max_sequence_idle, 60 s) while a decoupled request without its final
+        response keeps its model loaded; either kept the server past its 15-s grace."""
+        deadline = time.monotonic() + timeout_s
+        quiet_since, busy = None, {}
+        while time.monotonic() < deadline:
+            busy = self.work_in_flight()
+            if busy is None:  # no metrics (not served, or the server is going): nothing to wait for
+                return True
+            if busy:
+                quiet_since = None
+            elif quiet_since is None:
+                quiet_since = time.monotonic()
+            elif time.monotonic() - quiet_since >= quiet_s:
+                return True
+            time.sleep(0.05)
+        log.warning("tritonserver: work still in flight after %.0f s: %s", timeout_s, busy)
+        return False
+
+    def work_in_flight(self) -> dict[str, float] | None:
+        """The DRAINED gauges above 0 ({} when none), None when /metrics does not answer."""
+        try:
+            with urllib.request.urlopen(self.metrics_url, timeout=2) as reply:
+                text = reply.read().decode("utf-8", errors="replace")
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return None
+        busy = {}
+        for match in _GAUGE.finditer(text):
+            labels = dict(_LABEL.findall(match.group("labels")))
+            key = (labels.get("model", ""), labels.get("what", ""))
+            if key in DRAINED and float(match.group("value")) > 0:
+                busy["/".join(key)] = float(match.group("value"))
+        return busy
 
     def _stop_process(self, grace_s: float = 15.0) -> None:
         process, self._process = self._process, None

@@ -4,10 +4,10 @@ The server is started once per test session on free ports with every model of
 `model_repository/`, and is always stopped. Modules that need another configuration (a key,
 a secret, fewer models, limits) or that kill their server start one of their own.
 
-`make test` runs the suite in one process; `make test TEST_LANES=2` runs it in two at
-once: the tests of UNTIMED_MODULES in a second one at idle priority (SCHED_IDLE, nice 19),
-so that they use the CPU the others leave idle (those wait on real servers, browsers and
-audio at its own pace) without delaying them.
+`make test` runs the suite in two processes at once: the tests of UNTIMED_MODULES in a
+second one at idle priority (SCHED_IDLE, nice 19), so that they use the CPU the others leave
+idle (those wait on real servers, browsers and audio at its own pace) without delaying
+them; `make test TEST_LANES=1` runs it in one.
 """
 
 from __future__ import annotations

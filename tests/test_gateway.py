@@ -258,6 +258,8 @@ def test_a_speculative_turn_is_held_until_the_end_of_speech(speculating_gateway:
     assert [a.sentence for a in reply.audio] == [s["index"] for s in sentences]
 
 
+# CI: speculative turns in test_a_speculative_turn_is_held_until_the_end_of_speech
+@pytest.mark.extended
 def test_speech_after_a_pause_discards_the_speculative_turn(speculating_gateway: str) -> None:
     """0.4 s of silence inside a question: the turn started at the pause is cancelled when
     the speaker goes on; the page sees one turn, which heard both halves."""

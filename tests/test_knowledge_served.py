@@ -53,6 +53,7 @@ def test_a_question_gets_its_passage_and_small_talk_none(knowledge_server):
     assert small_talk.get("knowledge", {"passages": 0})["passages"] == 0, small_talk
 
 
+@pytest.mark.extended  # CI: served passages above, the reload in test_knowledge.py
 def test_a_new_document_is_read_while_serving(knowledge_server):
     server, folder = knowledge_server
     before = ask(server, "How much is a massage at the spa?")["knowledge"]["best_score"]

@@ -100,6 +100,7 @@ def test_bad_requests_get_clear_errors_and_server_keeps_serving(grpc_url, inputs
     assert not turn.sentences
 
 
+@pytest.mark.extended  # CI: the same cancelled turn in test_cancel.py[avatar-cancel]
 def test_cancelled_stream_stops_all_work(grpc_url):
     story = {"max_tokens": 160, "seed": 3}
     text = "Tell me a long story about a dragon, in many short sentences."

@@ -42,6 +42,7 @@ def test_installation_has_a_stub_for_this_python() -> None:
         installation.python_stub((2, 7))
 
 
+@pytest.mark.extended  # CI: every module's own server runs beside the shared one
 def test_two_servers_side_by_side_then_stopped(vad_repository: Path) -> None:
     with (
         EmbeddedServer(ServerOptions(vad_repository)) as a,

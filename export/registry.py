@@ -1,40 +1,60 @@
-"""Model name -> artifact recipe. One line per exported model; imports are lazy so that
-building one stage does not import the heavy dependencies of the others."""
+"""The exported model stages: one registration line per stage below, each stage's own
+declaration (recipe, build time, needs, INT8 gate, TensorRT engine) in its folder
+(`export/<stage>/stage.py`, an `export.stage.ExportStage` each). Recipes are imported
+lazily, so that building one stage does not import the heavy dependencies of the others.
+
+A new model stage: its config (+ adapter) in `model_repository/<model>/`, its recipe and
+`stage.py` in `export/<stage>/`, its core in `avatar/`, and one line here."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 from collections.abc import Callable
 from pathlib import Path
 
 from export.common import ArtifactRecipe
+from export.stage import ExportStage
+from export.tensorrt.spec import Stage as EngineStage
 
-# "model name as in model_repository/": "module:factory"
-RECIPES: dict[str, str] = {
-    "asr_encoder": "export.asr.recipe:EncoderRecipe",
-    "asr_decoder": "export.asr.recipe:DecoderRecipe",
-    "vad": "export.vad.recipe:VadRecipe",
-    "tts_vits": "export.tts.recipe:VitsRecipe",
-    "llm_decoder": "export.llm.recipe:LlmDecoderRecipe",
-    "renderer": "export.renderer.recipe:RendererRecipe",
-    "portrait_renderer": "export.portrait.recipe:PortraitRecipe",
-    "lipsync": "export.lipsync.recipe:LipsyncRecipe",
-    "emotion_encoder": "export.emotion.recipe:EmotionEncoderRecipe",
-    "turn_detector": "export.turn_detector.recipe:TurnDetectorRecipe",
-    "turn_words": "export.turn_words.recipe:TurnWordsRecipe",
-}
+STAGE_MODULES = (
+    "export.asr.stage",
+    "export.vad.stage",
+    "export.tts.stage",
+    "export.llm.stage",
+    "export.renderer.stage",
+    "export.portrait.stage",
+    "export.lipsync.stage",
+    "export.emotion.stage",
+    "export.turn_detector.stage",
+    "export.turn_words.stage",
+)
 
-# Models whose INT8 variant (model.int8.onnx) is judged by a gate: "module:function", the
-# function taking the artifact folder and returning the gate's record (export.gates).
-GATES: dict[str, str] = {
-    "asr_encoder": "export.asr.int8:gate_folder",
-    "asr_decoder": "export.asr.int8:gate_folder",
-    "emotion_encoder": "export.emotion.int8:gate_folder",
-    "lipsync": "export.lipsync.int8:gate_folder",
-    "llm_decoder": "export.llm.recipe:gate_folder",
-    "tts_vits": "export.tts.int8:gate_folder",
-}
+
+@functools.cache
+def stages() -> dict[str, ExportStage]:
+    """Every registered stage, by the Triton model name its artifact serves."""
+    out: dict[str, ExportStage] = {}
+    for module in STAGE_MODULES:
+        for stage in importlib.import_module(module).STAGES:
+            if stage.model in out:
+                raise ValueError(f"{module}: model {stage.model!r} is declared twice")
+            out[stage.model] = stage
+    return out
+
+
+# model name -> "module:factory"; gated model -> "module:function" (export.gates)
+RECIPES: dict[str, str] = {name: s.recipe for name, s in stages().items()}
+GATES: dict[str, str] = {name: s.gate for name, s in stages().items() if s.gate}
+NEEDS: dict[str, tuple[str, ...]] = {name: s.needs for name, s in stages().items() if s.needs}
+# longest builds first, so that parallel lanes end together
+ORDER = tuple(sorted(stages(), key=lambda name: -stages()[name].build_s))
+
+
+def engine_stages() -> dict[str, EngineStage]:
+    """The TensorRT engine of each stage that declares one (export/tensorrt/build.py)."""
+    return {name: s.engine for name, s in stages().items() if s.engine is not None}
 
 
 def gate(name: str) -> Callable[[Path], dict]:
@@ -57,14 +77,6 @@ def recipe(name: str, variants: bool = False) -> ArtifactRecipe:
     if variants and "variants" in inspect.signature(make).parameters:
         return make(variants=True)
     return make()
-
-
-# Artifacts a recipe's build reads (a parallel build starts it once they are built).
-NEEDS: dict[str, tuple[str, ...]] = {"lipsync": ("tts_vits",)}  # calibration speech
-# Longest builds first, so that parallel lanes end together (seconds on 2 cores, measured).
-ORDER = ("llm_decoder", "asr_encoder", "asr_decoder", "tts_vits", "lipsync",
-         "portrait_renderer", "emotion_encoder", "turn_words", "turn_detector", "renderer",
-         "vad")  # fmt: skip
 
 
 def ensure_all(

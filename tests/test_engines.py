@@ -19,8 +19,9 @@ from onnx import numpy_helper
 from tritonclient.grpc import model_config_pb2 as mc
 
 from export.common import Tolerance, onnx_session
+from export.renderer.stage import RendererProfile
 from export.sidecar import ENGINE_RECORD, Sidecar, TensorSpec
-from export.tensorrt import build, engine, verify
+from export.tensorrt import build, engine, spec, verify
 from export.tensorrt.build import STAGES, EngineVerificationError, Stage
 from model_configs.pbtxt import SOURCE_REPOSITORY, is_native, model_names, parse_config, platform_of
 from serving.repository import MissingArtifactError, embedded_config, has_state, materialize
@@ -132,7 +133,7 @@ def test_profile_from_sidecar_covers_config(name: str, artifacts: dict[str, Path
 
 
 def test_profile_that_misses_max_batch_is_rejected() -> None:
-    profile = build.RendererProfile(batch=(1, 4, 8))
+    profile = RendererProfile(batch=(1, 4, 8))
     with pytest.raises(ValueError, match="does not cover the config's max_batch_size 16"):
         build.check_profile_covers(profile, 16, "renderer")
     with pytest.raises(ValueError, match=r"axis batch=32 outside the profile \[1, 8\]"):
@@ -222,7 +223,7 @@ def test_build_command(tmp_path: Path, artifacts: dict[str, Path]) -> None:
         tmp_path / "m.onnx",
         tmp_path / "m.plan",
         sidecar,
-        build.RendererProfile(),
+        RendererProfile(),
         "fp32",
         trtexec="/opt/tensorrt/bin/trtexec",
     )
@@ -234,7 +235,7 @@ def test_build_command(tmp_path: Path, artifacts: dict[str, Path]) -> None:
     assert "--skipInference" in cmd and "--noTF32" in cmd
     assert "--fp16" not in cmd and "--int8" not in cmd
     int8 = engine.trtexec_command(
-        tmp_path / "q.onnx", tmp_path / "m.plan", sidecar, build.RendererProfile(), "int8"
+        tmp_path / "q.onnx", tmp_path / "m.plan", sidecar, RendererProfile(), "int8"
     )
     assert {"--int8", "--fp16"} <= set(int8)
 
@@ -420,10 +421,10 @@ def test_an_output_of_another_shape_fails_without_figures(
 
 
 def test_every_output_needs_a_tolerance() -> None:
-    stage = Stage("export.tensorrt.build:VadProfile", ("fp16",), "fp16", {"a": Tolerance(0.1)})
+    stage = Stage("export.vad.stage:VadProfile", ("fp16",), "fp16", {"a": Tolerance(0.1)})
     with pytest.raises(KeyError, match="no fp16 tolerance for output 'b'"):
         stage.tolerances("fp16", ["a", "b"])
-    assert stage.tolerances("fp32", ["b"])["b"] == build.FP32
+    assert stage.tolerances("fp32", ["b"])["b"] == spec.FP32
 
 
 # ----------------------------------------------------------------- materialisation

@@ -20,20 +20,19 @@ GPU: elsewhere it stops at once with `TensorRTMissingError`.
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
-import importlib
 import json
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from export.common import Tolerance
 from export.config_check import check_against_sidecar
+from export.registry import engine_stages
 from export.sidecar import ENGINE_RECORD, Sidecar
-from export.tensorrt.engine import Shape, ShapeProfile, require_tensorrt
+from export.tensorrt.engine import ShapeProfile, require_tensorrt
+from export.tensorrt.spec import InputRule, Stage
 from export.tensorrt.verify import (
     EngineVerificationError,
     compare_runners,
@@ -45,158 +44,8 @@ from model_configs.pbtxt import model_names, parse_config, platform_of
 
 log = logging.getLogger(__name__)
 
-InputRule = Callable[[Shape, Mapping[str, int], np.random.Generator], np.ndarray]
-
-
-@dataclasses.dataclass(frozen=True)
-class VadProfile(ShapeProfile):
-    batch: tuple[int, int, int] = (1, 16, 64)  # config max_batch_size 64
-
-
-@dataclasses.dataclass(frozen=True)
-class TurnDetectorProfile(ShapeProfile):
-    batch: tuple[int, int, int] = (1, 8, 32)  # config max_batch_size 32
-
-
-@dataclasses.dataclass(frozen=True)
-class RendererProfile(ShapeProfile):
-    batch: tuple[int, int, int] = (1, 8, 16)  # config max_batch_size 16, preferred 8 / 16
-
-
-def _ints(high: int) -> InputRule:
-    return lambda shape, _axes, rng: rng.integers(0, high, size=shape, dtype=np.int64)
-
-
-def _uniform(low: float, high: float) -> InputRule:
-    return lambda shape, _axes, rng: rng.uniform(low, high, size=shape).astype(np.float32)
-
-
-def _ones(shape: Shape, _axes: Mapping[str, int], _rng: np.random.Generator) -> np.ndarray:
-    return np.ones(shape, np.int64)
-
-
-def _positions(shape: Shape, axes: Mapping[str, int], _rng: np.random.Generator) -> np.ndarray:
-    """position_ids of the new tokens after `past_sequence` cached ones."""
-    row = np.arange(axes["past_sequence"], axes["past_sequence"] + shape[-1], dtype=np.int64)
-    return np.broadcast_to(row, shape).copy()
-
-
-FP32 = Tolerance(atol=2e-3, rtol=1e-3)  # what the ONNX exports met against PyTorch
-
-
-@dataclasses.dataclass(frozen=True)
-class Stage:
-    """How one model's engine is built and verified."""
-
-    profile: str  # "module:ShapeProfile subclass"
-    allowed: tuple[str, ...]  # precisions it may be built in
-    default: str  # its precision unless an INT8 variant passed its gate
-    fp16: Mapping[str, Tolerance]  # per output (fnmatch patterns) at FP16 / INT8
-    fp32: Mapping[str, Tolerance] = dataclasses.field(default_factory=dict)  # else FP32
-    inputs: Mapping[str, InputRule] = dataclasses.field(default_factory=dict)
-    verify_axes: Mapping[str, int] = dataclasses.field(default_factory=dict)  # else opt
-    why: str = ""
-    # False: a passed INT8 gate is used only when INT8 is asked for (--precision int8)
-    int8_by_default: bool = True
-
-    def make_profile(self) -> ShapeProfile:
-        module, name = self.profile.split(":")
-        return getattr(importlib.import_module(module), name)()
-
-    def tolerances(self, precision: str, outputs: Iterable[str]) -> dict[str, Tolerance]:
-        """The tolerance of every output at `precision` (an uncovered output is an error)."""
-        table = self.fp32 if precision == "fp32" else self.fp16
-        out = {}
-        for name in outputs:
-            match = [tol for pattern, tol in table.items() if fnmatch.fnmatch(name, pattern)]
-            if precision == "fp32" and not match:
-                match = [FP32]
-            if not match:
-                raise KeyError(f"no {precision} tolerance for output {name!r}")
-            out[name] = match[0]
-        return out
-
-
-# Tolerances are stated, not measured: no engine has been built on the project machines
-# (no TensorRT); tighten them from the first verification record on a GPU host.
-STAGES: dict[str, Stage] = {
-    "asr_encoder": Stage(
-        "export.asr.engine:Profile",
-        ("fp32", "fp16", "int8"),
-        "fp16",
-        {"encoder_hidden_states": Tolerance(0.05, 0.05), "cross_kv": Tolerance(0.05, 0.05)},
-        verify_axes={"batch": 1},  # a full 30-s window (9M cross_kv values per row)
-        why="INT8 from the Q/DQ variant when its WER gate passed, short clips and VAD-cut "
-        "long recordings (export/asr/int8.py); today's variant fails the long ones (it loops "
-        "on one 30-s piece, docs/performance.md 10), so FP16",
-    ),
-    "asr_decoder": Stage(
-        "export.asr.engine:Profile",
-        ("fp32", "fp16"),
-        "fp16",
-        {
-            "logits": Tolerance(0.1, 0.05),
-            "self_kv_out": Tolerance(0.05, 0.05),
-            "cross_kv_out": Tolerance(0.01, 0.01),  # the state fed back: FP16 rounding only
-        },
-        inputs={"tokens": _ints(51865)},
-        # a later step of 2 windows: the cross-attention state full, encoder_kv empty
-        verify_axes={"batch": 2, "tokens": 3},
-        why="no INT8: its Q/DQ variant is the stateless step the CPU gate judges (it fails the "
-        "WER gate, export/asr/int8.py), not the sequence form served with implicit state; "
-        "one token's activations are too small for INT8 GEMMs to pay",
-        int8_by_default=False,
-    ),
-    "llm_decoder": Stage(
-        "export.llm.engine:DecoderProfile",
-        ("fp32", "fp16", "int8"),
-        "fp16",
-        {"logits": Tolerance(0.1, 0.05), "present.*": Tolerance(0.05, 0.05)},
-        inputs={"input_ids": _ints(49152), "attention_mask": _ones, "position_ids": _positions},
-        # prefill of 4 tokens after 16 cached ones, 2 rows (keeps the CPU reference quick)
-        verify_axes={"batch": 2, "sequence": 4, "past_sequence": 16, "total_sequence": 20},
-        why=(
-            "FP16-safe additive mask (-1e4, export/llm/decoder_onnx.py);"
-            " int4 variant failed its gate"
-        ),
-    ),
-    "renderer": Stage(
-        "export.tensorrt.build:RendererProfile",
-        ("fp32",),
-        "fp32",
-        {},
-        fp32={"frames": Tolerance(atol=2.0)},  # the export's own tolerance (uint8 levels)
-        inputs={"blendshapes": _uniform(0.0, 1.0), "head_pose": _uniform(-0.3, 0.3)},
-        why="FP32 only: FP16 coordinates (~0.1 px at 256 px) move anti-aliased edge pixels by "
-        "tens of levels; the renderer is cheap at FP32",
-    ),
-    "portrait_renderer": Stage(
-        "export.tensorrt.build:RendererProfile",
-        ("fp32",),
-        "fp32",
-        {},
-        fp32={"frames": Tolerance(atol=3.0)},  # uint8 levels: bilinear taps may round apart
-        inputs={"blendshapes": _uniform(0.0, 1.0), "head_pose": _uniform(-0.1, 0.1)},
-        why="FP32 only: FP16 cannot hold pixel coordinates to a quarter pixel at 512 px, nor "
-        "the flat photo index (y * 512 + x) the bilinear Gathers use",
-    ),
-    "vad": Stage(
-        "export.tensorrt.build:VadProfile",
-        ("fp32", "fp16"),
-        "fp16",
-        {"speech_prob": Tolerance(0.01), "next_*": Tolerance(0.01, 0.01)},
-        why="served by ONNX Runtime on CPU in production (see its config); engine on request",
-    ),
-    "turn_detector": Stage(
-        "export.tensorrt.build:TurnDetectorProfile",
-        ("fp16",),
-        "fp16",
-        {"probability": Tolerance(0.05)},
-        inputs={"input_features": _uniform(-1.0, 1.5)},  # the log-mel's range
-        why="the graph is its authors' INT8 Q/DQ: those layers run INT8 (explicit "
-        "quantisation), the rest FP16; no other precision to choose",
-    ),
-}
+# every stage that declares an engine (export/<stage>/stage.py), by model name
+STAGES: dict[str, Stage] = engine_stages()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -290,7 +139,8 @@ def build_and_verify(
     stage = STAGES.get(name)
     if stage is None:
         raise KeyError(
-            f"{name}: no engine stage in export/tensorrt/build.py STAGES ({sorted(STAGES)})"
+            f"{name}: no stage declares an engine for it (export/<stage>/stage.py; declared: "
+            f"{sorted(STAGES)})"
         )
     sidecar = Sidecar.load(artifact)
     config = parse_config(config_path)

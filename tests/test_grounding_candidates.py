@@ -126,3 +126,22 @@ def test_a_reply_cancelled_among_its_candidates_ends_once_and_frees_them(model):
     finals = [e for e in list(events.queue) if e.finish_reason is not None]
     assert [e.finish_reason for e in finals] == ["cancelled"]
     assert _held(engine) == 0
+
+
+def test_candidates_judged_by_the_embedding_model_or_on_the_first_piece(model):
+    """The served MiniLM chooses (the `embedding` agreement); judged on the first piece
+    for TTS, a reply still ends whole; without the model the first candidate goes on."""
+    from perf.says import _embedding_model
+
+    decoder, tokenizer = model
+    grounding = dataclasses.replace(SERVED, candidates=3, agreement="embedding")
+    config = EngineConfig(grounding=grounding, embed=_embedding_model())
+    _, end = _ask(ChatEngine(decoder, tokenizer, config), "What is your name?", 2)
+    assert end.stats["candidates"] == 3
+    piece = dataclasses.replace(grounding, choose_after="piece")
+    config = EngineConfig(grounding=piece, embed=_embedding_model(), first_clause_words=4)
+    text, end = _ask(ChatEngine(decoder, tokenizer, config), "Who are you?", 3)
+    assert end.stats["candidates"] == 3 and text.strip()
+    blind = ChatEngine(decoder, tokenizer, EngineConfig(grounding=grounding))  # no embed
+    _, end = _ask(blind, "What is your name?", 2)
+    assert end.stats["chosen"] == 0 and _held(blind) == 0

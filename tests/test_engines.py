@@ -21,8 +21,9 @@ from tritonclient.grpc import model_config_pb2 as mc
 from export.common import Tolerance, onnx_session
 from export.renderer.stage import RendererProfile
 from export.sidecar import ENGINE_RECORD, Sidecar, TensorSpec
-from export.tensorrt import build, engine, spec, verify
+from export.tensorrt import build, engine, verify
 from export.tensorrt.build import STAGES, EngineVerificationError, Stage
+from export.tensorrt.spec import FP32
 from model_configs.pbtxt import SOURCE_REPOSITORY, is_native, model_names, parse_config, platform_of
 from serving.repository import MissingArtifactError, embedded_config, has_state, materialize
 
@@ -424,7 +425,7 @@ def test_every_output_needs_a_tolerance() -> None:
     stage = Stage("export.vad.stage:VadProfile", ("fp16",), "fp16", {"a": Tolerance(0.1)})
     with pytest.raises(KeyError, match="no fp16 tolerance for output 'b'"):
         stage.tolerances("fp16", ["a", "b"])
-    assert stage.tolerances("fp32", ["b"])["b"] == spec.FP32
+    assert stage.tolerances("fp32", ["b"])["b"] == FP32
 
 
 # ----------------------------------------------------------------- materialisation

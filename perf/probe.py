@@ -6,10 +6,8 @@ materialised repository, and a closed-loop driver of `avatar` turns.
 from __future__ import annotations
 
 import dataclasses
-import re
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,28 +16,10 @@ import numpy as np
 
 from avatar.model_io import ASR, infer_inputs
 from perf.harness import concurrently
+from serving.gauges import gauge, metrics
 from serving.supervisor import stub_processes
 
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-
-
-def metrics(url: str, names: Sequence[str] = ("avatar_active", "avatar_refused_total")):
-    """Prometheus text from `url` -> {(name, (("label", "value"), ...)): value} for `names`."""
-    with urllib.request.urlopen(url, timeout=5) as reply:
-        text = reply.read().decode("utf-8")
-    values: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-    for line in text.splitlines():
-        match = _SAMPLE.match(line)
-        if match and match.group(1) in names:
-            labels = tuple(sorted(_LABEL.findall(match.group(2) or "")))
-            values[(match.group(1), labels)] = float(match.group(3))
-    return values
-
-
-def gauge(values: dict, model: str, what: str) -> float:
-    """avatar_active{model=..., what=...} from `metrics()` (0 when not reported yet)."""
-    return values.get(("avatar_active", (("model", model), ("what", what))), 0.0)
+__all__ = ["gauge", "metrics"]  # read here by perf and the tests
 
 
 def refused(values: dict, model: str, reason: str = "busy") -> float:

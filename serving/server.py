@@ -15,7 +15,6 @@ import dataclasses
 import importlib.util
 import logging
 import os
-import re
 import shutil
 import signal
 import socket
@@ -30,6 +29,7 @@ from pathlib import Path
 
 from avatar.conversation_tokens import SECRET_ENV
 from avatar.credentials import GRPC_HEADER_PREFIX, KEY_HEADER
+from serving.gauges import gauge, metrics
 from serving.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -208,9 +208,7 @@ class ServerOptions:
 # The work-in-flight gauges (avatar.triton.metrics) that a stop waits to read 0: turns,
 # llm generations (each holds a `llm_decoder` sequence open until its END step) and tts
 # streams. Not "sessions": a conversation's memory is state, not work.
-DRAINED = frozenset({("avatar", "turns"), ("llm", "generations"), ("tts", "requests")})
-_GAUGE = re.compile(r"^avatar_active\{(?P<labels>[^}]*)\} (?P<value>\S+)$", re.MULTILINE)
-_LABEL = re.compile(r'(\w+)="([^"]*)"')
+DRAINED = (("avatar", "turns"), ("llm", "generations"), ("tts", "requests"))
 
 # `avatar serve --web`: the models' nice value beside the gateway (CFS weights 335 vs 1024:
 # when both want the 2 cores, the gateway's loop gets its share at once)
@@ -423,17 +421,11 @@ class EmbeddedServer:
     def work_in_flight(self) -> dict[str, float] | None:
         """The DRAINED gauges above 0 ({} when none), None when /metrics does not answer."""
         try:
-            with urllib.request.urlopen(self.metrics_url, timeout=2) as reply:
-                text = reply.read().decode("utf-8", errors="replace")
+            values = metrics(self.metrics_url, ("avatar_active",), timeout=2)
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             return None
-        busy = {}
-        for match in _GAUGE.finditer(text):
-            labels = dict(_LABEL.findall(match.group("labels")))
-            key = (labels.get("model", ""), labels.get("what", ""))
-            if key in DRAINED and float(match.group("value")) > 0:
-                busy["/".join(key)] = float(match.group("value"))
-        return busy
+        busy = {f"{model}/{what}": gauge(values, model, what) for model, what in DRAINED}
+        return {key: value for key, value in busy.items() if value > 0}
 
     def _stop_process(self, grace_s: float = 15.0) -> None:
         process, self._process = self._process, None

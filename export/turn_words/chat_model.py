@@ -33,7 +33,14 @@ import numpy as np
 from export.common import ArtifactRecipe, describe_onnx, ensure
 from export.quantize import VARIANT_FILE
 from export.sidecar import Sidecar, sha256_file
-from export.turn_words.recipe import CHATTERBOT, CHITCHAT, _data, conversations, examples
+from export.turn_words.recipe import (
+    CHATTERBOT,
+    CHITCHAT,
+    _data,
+    conversations,
+    examples,
+    figures,
+)
 
 log = logging.getLogger(__name__)
 
@@ -158,20 +165,6 @@ def scorer_module(model, ends: list[int]):  # -> torch.nn.Module
             return torch.logsumexp(logp[:, self.ends], -1, keepdim=True).exp()
 
     return EndOfTurn().eval()
-
-
-def figures(probs: np.ndarray, finished: np.ndarray) -> dict[str, float]:
-    """AUC (the chance that a finished turn scores above a cut one) and the medians."""
-    p, truth = probs.reshape(-1), finished.astype(bool)
-    wins = (p[truth][:, None] > p[~truth][None, :]).mean()
-    ties = (p[truth][:, None] == p[~truth][None, :]).mean()
-    return {
-        "turns": len(p),
-        "finished": int(truth.sum()),
-        "auc": round(float(wins + ties / 2), 4),
-        "p_finished_median": round(float(np.median(p[truth])), 4),
-        "p_cut_median": round(float(np.median(p[~truth])), 4),
-    }
 
 
 def score(session, prompt: WordsPrompt, texts: list[str]) -> np.ndarray:
@@ -318,11 +311,7 @@ def scorer(variant: str = VARIANT_FILE) -> Callable[[str], float | None]:
         variant = "model.onnx"
     session, prompt = onnx_session(folder / variant), WordsPrompt(Tokenizer(folder))
 
-    def score(text: str) -> float | None:
-        if spoken_words(text) is None:
-            return None
-        ids, mask = prompt.rows([text])
-        feed = {"input_ids": ids, "attention_mask": mask}
-        return float(session.run([OUTPUT], feed)[0].reshape(-1)[0])
+    def one(text: str) -> float | None:
+        return None if spoken_words(text) is None else float(score(session, prompt, [text])[0])
 
-    return score
+    return one

@@ -30,10 +30,8 @@ import contextlib
 import dataclasses
 import logging
 import os
-import re
 import shutil
 import time
-import urllib.request
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -45,6 +43,7 @@ from evals.report import DEFAULT_OUT, write_rows
 from gateway.process import running_gateway
 from perf.harness import serve
 from perf.latency import TurnRow, _gateway_options, run_level
+from serving.gauges import Sample, metrics, summed_by
 
 log = logging.getLogger(__name__)
 OUT = DEFAULT_OUT / "turn_cost"
@@ -67,31 +66,9 @@ STAGES: dict[str, tuple[str, ...]] = {
 PASSES = ("caption", "pause", "final")
 QUEUED = ("vad", "turn_detector", "asr", "asr_encoder", "asr_decoder", "llm_decoder")
 QUEUED += ("tts_vits", "emotion_encoder", "lipsync")
-_SERIES = re.compile(r"^(\w+)\{(.*)\}$")
 
 
 # ---------------------------------------------------------------------- measurements
-def scrape(metrics_url: str) -> dict[str, float]:
-    """Triton's /metrics as {'name{labels}': value}."""
-    from gateway.metrics import parse
-
-    with urllib.request.urlopen(metrics_url, timeout=10) as response:
-        return parse(response.read().decode())
-
-
-def per_model(values: dict[str, float], name: str, key: str = "model") -> dict[str, float]:
-    """The series of metric `name` summed by their `key` label."""
-    out: dict[str, float] = defaultdict(float)
-    for series, value in values.items():
-        match = _SERIES.match(series)
-        if not match or match.group(1) != name:
-            continue
-        labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2)))
-        if key in labels:
-            out[labels[key]] += value
-    return dict(out)
-
-
 def _cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
@@ -124,13 +101,15 @@ def process_cpu(server_pid: int | None, gateway_pid: int | None) -> dict[str, fl
 
 @dataclasses.dataclass
 class Snapshot:
-    metrics: dict[str, float]
+    metrics: dict[Sample, float]
     cpu: dict[str, float]
     at: float
 
     @classmethod
     def take(cls, metrics_url: str, server_pid: int | None, gateway_pid: int | None):
-        return cls(scrape(metrics_url), process_cpu(server_pid, gateway_pid), time.monotonic())
+        return cls(
+            metrics(metrics_url, None), process_cpu(server_pid, gateway_pid), time.monotonic()
+        )
 
 
 def model_of(name: str, suffix: str) -> str:
@@ -153,7 +132,7 @@ def cost_rows(
 
     def metric(name: str, key: str = "model") -> dict[str, float]:
         return _delta(
-            per_model(last.metrics, name, key), per_model(first.metrics, name, key), suffix
+            summed_by(last.metrics, name, key), summed_by(first.metrics, name, key), suffix
         )
 
     success = metric("nv_inference_request_success")

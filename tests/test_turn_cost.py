@@ -9,7 +9,8 @@ import os
 import pytest
 
 from avatar.pipeline.priority import AsrPass, pass_of, shares
-from perf.turn_cost import Snapshot, cost_rows, markdown, per_model, process_cpu
+from perf.turn_cost import Snapshot, cost_rows, markdown, process_cpu
+from serving.gauges import parse, summed_by
 
 
 def test_a_batch_is_split_by_audio_and_unknown_passes_are_final():
@@ -20,16 +21,19 @@ def test_a_batch_is_split_by_audio_and_unknown_passes_are_final():
 
 
 def _metrics(asr_success: float, caption_s: float, pause_s: float, suffix: str = "") -> dict:
+    """Triton's /metrics text as a server would write it, parsed as a snapshot reads it."""
     asr = f'model="asr{suffix}",version="1"'
-    return {
-        f"nv_inference_request_success{{{asr}}}": asr_success,
-        f"nv_inference_queue_duration_us{{{asr}}}": asr_success * 2000.0,
-        f"nv_inference_compute_infer_duration_us{{{asr}}}": asr_success * 300_000.0,
-        f"nv_inference_exec_count{{{asr}}}": asr_success / 2,
-        f'avatar_asr_pass_seconds_total{{model="asr{suffix}",pass="caption"}}': caption_s,
-        f'avatar_asr_pass_seconds_total{{model="asr{suffix}",pass="pause"}}': pause_s,
-        f'avatar_asr_passes_total{{model="asr{suffix}",pass="caption"}}': caption_s,
-    }
+    return parse(
+        f"""# HELP nv_inference_request_success Number of successful inference requests
+nv_inference_request_success{{{asr}}} {asr_success}
+nv_inference_queue_duration_us{{{asr}}} {asr_success * 2000.0}
+nv_inference_compute_infer_duration_us{{{asr}}} {asr_success * 300_000.0}
+nv_inference_exec_count{{{asr}}} {asr_success / 2}
+avatar_asr_pass_seconds_total{{model="asr{suffix}",pass="caption"}} {caption_s}
+avatar_asr_pass_seconds_total{{model="asr{suffix}",pass="pause"}} {pause_s}
+avatar_asr_passes_total{{model="asr{suffix}",pass="caption"}} {caption_s}
+"""
+    )
 
 
 def test_cost_per_turn_by_stage_and_queue_per_model():
@@ -74,12 +78,15 @@ def test_cost_per_turn_by_stage_and_queue_per_model():
 
 
 def test_metric_series_are_summed_by_label():
-    values = {
-        'nv_inference_request_success{model="asr",version="1"}': 3.0,
-        'nv_inference_request_success{model="asr",version="2"}': 1.0,
-        'nv_inference_request_failure{model="asr",reason="REJECTED"}': 9.0,
-    }
-    assert per_model(values, "nv_inference_request_success") == {"asr": 4.0}
+    values = parse(
+        'nv_inference_request_success{model="asr",version="1"} 3\n'
+        'nv_inference_request_success{model="asr",version="2"} 1\n'
+        'nv_inference_request_failure{model="asr",reason="REJECTED"} 9\n'
+        "nv_gpu_utilization 0.5\n"
+    )
+    assert summed_by(values, "nv_inference_request_success") == {"asr": 4.0}
+    assert summed_by(values, "nv_inference_request_failure", "reason") == {"REJECTED": 9.0}
+    assert summed_by(values, "nv_gpu_utilization") == {}
 
 
 def test_the_gateways_cpu_is_read_from_proc():

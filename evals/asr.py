@@ -11,19 +11,25 @@ The sets:
   variant passed the first one and then looped ("in in in ...") on one VAD piece in the
   server's tests.
 export.asr.int8 builds the variants and asks `int8_verdict`; the VAD that cuts the long set
-is the exported one, run by the caller (`long_form_speech`).
+is the exported one, run by the caller (`long_form_speech`). `compare_runtimes` puts the
+quantisation schemes tried side by side (`python -m export.asr.int8`): WER on both sets and
+the networks' speed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from avatar.asr.features import log_mel, pad_or_trim
 from avatar.asr.greedy import WhisperRuntime
-from avatar.asr.transcribe import AsrOptions, transcribe
+from avatar.asr.transcribe import AsrOptions, transcribe, window_frames
 from avatar.asr.vocab import WhisperVocab
 from evals.clips import Clip, clips, long_clip, synthesize
+from evals.gate import timed_ms
 from evals.recordings import human_clips
 from evals.wer import corpus_wer
 
@@ -131,3 +137,114 @@ def int8_verdict(
         },
         "why": "within the gate on both sets" if passes else "; ".join(failures),
     }
+
+
+def compare_runtimes(
+    runtimes: Sequence[tuple[str, str, WhisperRuntime]],
+    vocab: WhisperVocab,
+    longs: list[Clip],
+    speech: Speech,
+    timed: bool = True,
+) -> dict:
+    """One row per (encoder name, decoder name, runtime) of `runtimes`, the first FP32/FP32:
+    corpus WER on `gate_clips()` and on the `longs` set (cut at `speech`), each against the
+    first row's, whether it is within the gate, and (`timed`) the networks' speed."""
+    humans = gate_clips()
+    rows: list[dict] = []
+    for encoder, decoder, runtime in runtimes:
+        row = {
+            "encoder": encoder,
+            "decoder": decoder,
+            "wer": word_error_rate(runtime, vocab, humans),
+            "long_wer": long_form_wer(runtime, vocab, longs, speech),
+        }
+        fp32 = rows[0] if rows else row
+        row["wer_delta"] = row["wer"] - fp32["wer"]
+        row["long_wer_delta"] = row["long_wer"] - fp32["long_wer"]
+        row["passes_gate"] = max(row["wer_delta"], row["long_wer_delta"]) <= GATE_WER_POINTS
+        if timed:
+            row.update(timings(runtime, humans[2]))
+        rows.append(row)
+    return {
+        "clips": len(humans),
+        "words": sum(len(c.text.split()) for c in humans),
+        "long_form_recordings": len(longs),
+        "gate": f"corpus WER within {GATE_WER_POINTS * 100:g} point of FP32",
+        "rows": rows,
+    }
+
+
+def _median_ms(fn: Callable[[], object], repeat: int = 7) -> float:
+    fn()
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)
+
+
+def timings(runtime: WhisperRuntime, clip: Clip) -> dict[str, float]:
+    """Encoder ms per served window of `clip` and decoder ms per token (20 past tokens),
+    at batch 1 and 8."""
+    mel = log_mel(clip.audio)
+    frames = window_frames(mel.shape[1] - 1, WINDOW_STEP, WINDOW_MARGIN)
+    window = pad_or_trim(mel[:, : mel.shape[1] - 1], frames)[None].astype(np.float32)
+    out = {}
+    for batch in (1, 8):
+        mels = np.repeat(window, batch, axis=0)
+        out[f"encoder_ms_b{batch}"] = _median_ms(lambda m=mels: runtime.encode(m), repeat=3)
+        cross = runtime.encode(mels)
+        kv = np.zeros((batch, cross.shape[1], cross.shape[2], 20, cross.shape[4]), np.float32)
+        tokens = np.full((batch, 1), 440, np.int64)
+        out[f"decoder_ms_b{batch}"] = _median_ms(
+            lambda t=tokens, k=kv, c=cross: runtime.decode(t, k, c)
+        )
+    out["window_frames"] = float(frames)
+    return out
+
+
+def print_table(result: dict) -> None:
+    """`compare_runtimes`' result as a table on stdout."""
+    print(f"ASR INT8 Q/DQ vs FP32: corpus WER on {result['clips']} human clips "
+          f"({result['words']} words); gate: {result['gate']}")  # fmt: skip
+    print(f"long form: {result['long_form_recordings']} VAD-cut recordings of 29-81 s")
+    print(f"{'encoder':>17} {'decoder':>17}   WER   delta  long WER  delta  gate   enc ms b1  "
+          "enc ms b8  dec ms b1  dec ms b8")  # fmt: skip
+    for r in result["rows"]:
+        times = (
+            f"  {r['encoder_ms_b1']:9.1f}  {r['encoder_ms_b8']:9.1f}  "
+            f"{r['decoder_ms_b1']:9.2f}  {r['decoder_ms_b8']:9.2f}"
+            if "encoder_ms_b1" in r
+            else ""
+        )
+        print(
+            f"{r['encoder']:>17} {r['decoder']:>17}  {r['wer']:.3f}  {r['wer_delta']:+.3f}  "
+            f"{r['long_wer']:8.3f}  {r['long_wer_delta']:+.3f}  "
+            f"{'pass' if r['passes_gate'] else 'FAIL'}{times}"
+        )
+
+
+def network_timer(sessions: Mapping[str, object], kind: str) -> Callable[[str, int], float]:
+    """`evals.gate.side_by_side`'s `time_once` for one Whisper network's ONNX Runtime
+    `sessions` {"fp32": ..., "int8": ...} (`kind`: encoder or decoder step): the encoder on a
+    600-frame window (a 4-s question as served), the decoder's step at 20 past tokens; ms per
+    call."""
+    rng = np.random.default_rng(0)
+
+    def feeds(batch: int) -> dict[str, np.ndarray]:
+        if kind == "encoder":
+            return {"mel": (0.3 * rng.standard_normal((batch, 80, 600))).astype(np.float32)}
+        _, kv, heads, _, width = sessions["fp32"].get_inputs()[2].shape  # cross_kv
+        cross = 0.1 * rng.standard_normal((batch, kv, heads, 300, width))  # a 600-frame window
+        return {
+            "tokens": np.full((batch, 1), 440, np.int64),
+            "self_kv": np.zeros((batch, kv, heads, 20, width), np.float32),
+            "cross_kv": cross.astype(np.float32),
+        }
+
+    def time_once(name: str, batch: int) -> float:
+        feed = feeds(batch)
+        return timed_ms(lambda: sessions[name].run(None, feed))
+
+    return time_once

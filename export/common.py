@@ -19,8 +19,9 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -77,6 +78,30 @@ class ArtifactRecipe(abc.ABC):
         blob = json.dumps(inputs, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
+    def sidecar(
+        self,
+        path: Path,
+        *,
+        source: dict[str, str],
+        validation: dict[str, Any],
+        notes: list[str],
+        opset: int | None = None,
+        model: str | None = None,
+    ) -> Sidecar:
+        """The sidecar of the ONNX file `path`: its inputs and outputs as the file declares
+        them, batched on axis 0; `opset` None: the file's own (default domain)."""
+        inputs, outputs = describe_onnx(path)
+        return Sidecar(
+            model=model or self.name,
+            inputs=inputs,
+            outputs=outputs,
+            batch_axis=0,
+            opset=onnx_opset(path) if opset is None else opset,
+            source=source,
+            validation=validation,
+            notes=notes,
+        )
+
 
 def ensure(recipe: ArtifactRecipe, root: Path | None = None, force: bool = False) -> Path:
     """Return the artifact folder for `recipe`, building it when it is not in the cache."""
@@ -119,6 +144,61 @@ def describe_onnx(path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
 
     inputs = [spec(v) for v in model.graph.input if v.name not in initializers]
     return inputs, [spec(v) for v in model.graph.output]
+
+
+def onnx_opset(path: Path) -> int:
+    """The opset of the default ONNX domain that `path` was written with."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+
+
+def torch_to_onnx(
+    module: Any,
+    args: Sequence[Any],
+    path: Path,
+    *,
+    inputs: Sequence[str],
+    outputs: Sequence[str],
+    opset: int,
+    dynamic_axes: Mapping[str, Mapping[int, str]] | None = None,
+) -> Path:
+    """Trace `module` on `args` into the ONNX file `path` with named tensors (TorchScript
+    exporter); `dynamic_axes` default: axis 0 of every tensor is `batch`."""
+    import torch
+
+    if dynamic_axes is None:
+        dynamic_axes = {name: {0: "batch"} for name in (*inputs, *outputs)}
+    with torch.no_grad():
+        torch.onnx.export(
+            module,
+            tuple(args),
+            str(path),
+            input_names=list(inputs),
+            output_names=list(outputs),
+            dynamic_axes={name: dict(axes) for name, axes in dynamic_axes.items()},
+            opset_version=opset,
+            dynamo=False,
+        )
+    return path
+
+
+def build_command(
+    make: Callable[[], ArtifactRecipe], description: str, argv: list[str] | None = None
+) -> Path:
+    """`python -m export.<stage>`: build the artifact of `make()` (cached unless --force) and
+    log its folder and sidecar."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--force", action="store_true", help="rebuild even if cached")
+    args = parser.parse_args(argv)
+    worker_logging()
+    recipe = make()
+    folder = ensure(recipe, force=args.force)
+    log.info("%s artifact: %s\n%s", recipe.name, folder, (folder / Sidecar.FILENAME).read_text())
+    return folder
 
 
 def onnx_session(path: Path, threads: int = 1):  # -> onnxruntime.InferenceSession

@@ -36,6 +36,7 @@ from export.sidecar import Sidecar, sha256_file
 log = logging.getLogger(__name__)
 
 RECORDS = Path(__file__).with_name("gates.json")
+CALIBRATION_FILE = "calibration.json"  # beside an artifact: what its INT8 variant was calibrated on
 GATE_FILE = "gate.json"  # beside an artifact: its variant's gate as measured on this machine
 GATES_ENV = "AVATAR_GATES"  # "run": measure every gate in the build, never take a record
 PROBE_VALUES = 256  # output values kept per probe output (evenly spaced)
@@ -181,6 +182,37 @@ def judged(
         }
     log.info("%s: running the INT8 gate (%s)", model, why)
     return _measured(gate(), sha, code, probe)
+
+
+def variant_gate(gate: Callable[[Path, Path], dict]) -> Callable[[Path], dict]:
+    """The gate of the INT8 variant in an artifact folder, from `gate(FP32 file, variant)`
+    (`model.onnx` and VARIANT_FILE beside it): what a stage declares as its gate."""
+    from export.quantize import VARIANT_FILE
+
+    def gate_folder(folder: Path) -> dict:
+        return gate(Path(folder) / "model.onnx", Path(folder) / VARIANT_FILE)
+
+    return gate_folder
+
+
+def judged_variant(
+    model: str,
+    folder: Path,
+    probe_feed: Mapping[str, np.ndarray],
+    gate: Callable[[Path, Path], dict],
+    calibration: Mapping[str, Any] | None = None,
+) -> dict:
+    """The sidecar record of the INT8 variant just built in the artifact `folder` (`judged`:
+    recorded, or `gate(model.onnx, variant)` measured now), its verdict logged; with its
+    `calibration` record written beside it (CALIBRATION_FILE)."""
+    from export.quantize import VARIANT_FILE, logged
+
+    if calibration is not None:
+        (Path(folder) / CALIBRATION_FILE).write_text(json.dumps(calibration, indent=1))
+    record = judged(
+        model, Path(folder) / VARIANT_FILE, probe_feed, lambda: variant_gate(gate)(folder)
+    )
+    return logged(model, record)
 
 
 def _measured(record: dict, sha: str, code: str, probe: dict) -> dict:

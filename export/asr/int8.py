@@ -37,38 +37,37 @@ import dataclasses
 import hashlib
 import json
 import logging
-import statistics
-import time
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
-from avatar.asr.features import log_mel, pad_or_trim
+from avatar.asr.features import pad_or_trim
 from avatar.asr.greedy import WhisperRuntime
 from avatar.asr.onnx_runtime import DECODER_STEP_FILE, OnnxWhisperRuntime
-from avatar.asr.transcribe import transcribe, window_frames
+from avatar.asr.transcribe import transcribe
 from avatar.asr.vocab import WhisperVocab
 from evals.asr import (
-    GATE_WER_POINTS,
     SERVED,
     WINDOW_MARGIN,
     WINDOW_STEP,
     Speech,
+    compare_runtimes,
     gate_clips,
     int8_verdict,
     long_form_clips,
     long_form_speech,
-    long_form_wer,
-    word_error_rate,
+    print_table,
 )
+from evals.asr import network_timer as timer
 from evals.clips import Clip, clips
+from evals.gate import faster, side_by_side
 from evals.recordings import MissingRecordingsError
 from export.asr.weights import packaged_ct2_dir
 from export.common import cache_root
 from export.gates import judged
-from export.quantize import VARIANT_FILE, faster, linear_nodes, quantize_qdq, side_by_side
+from export.quantize import VARIANT_FILE, linear_nodes, quantize_qdq
 
 log = logging.getLogger(__name__)
 
@@ -316,69 +315,19 @@ def long_form_set() -> tuple[list[Clip], Speech]:
 
 
 def network_timer(kind: str, folder: Path) -> Callable[[str, int], float]:
-    """`side_by_side`'s `time_once` for one network's FP32 and INT8 files in `folder`: the
-    encoder on a 600-frame window (a 4-s question as served), the decoder's step at 20 past
-    tokens; ms per call, 1 thread."""
+    """`evals.asr.network_timer` of one network's FP32 and INT8 files in `folder` (1 thread)."""
     from export.common import onnx_session
 
     files = {"fp32": fp32_file(kind), "int8": VARIANT_FILE}
-    sessions = {name: onnx_session(folder / file, threads=1) for name, file in files.items()}
-    rng = np.random.default_rng(0)
-
-    def feeds(batch: int) -> dict[str, np.ndarray]:
-        if kind == "encoder":
-            return {"mel": (0.3 * rng.standard_normal((batch, 80, 600))).astype(np.float32)}
-        _, kv, heads, _, width = sessions["fp32"].get_inputs()[2].shape  # cross_kv
-        cross = 0.1 * rng.standard_normal((batch, kv, heads, 300, width))  # a 600-frame window
-        return {
-            "tokens": np.full((batch, 1), 440, np.int64),
-            "self_kv": np.zeros((batch, kv, heads, 20, width), np.float32),
-            "cross_kv": cross.astype(np.float32),
-        }
-
-    def time_once(name: str, batch: int) -> float:
-        feed = feeds(batch)
-        started = time.perf_counter()
-        sessions[name].run(None, feed)
-        return 1000 * (time.perf_counter() - started)
-
-    return time_once
-
-
-def _median_ms(fn: Callable[[], object], repeat: int = 7) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - started) * 1000)
-    return statistics.median(times)
-
-
-def timings(runtime: OnnxWhisperRuntime, clip: Clip) -> dict[str, float]:
-    """Encoder ms per served window of `clip` and decoder ms per token (20 past tokens),
-    at batch 1 and 8."""
-    mel = log_mel(clip.audio)
-    frames = window_frames(mel.shape[1] - 1, WINDOW_STEP, WINDOW_MARGIN)
-    window = pad_or_trim(mel[:, : mel.shape[1] - 1], frames)[None].astype(np.float32)
-    out = {}
-    for batch in (1, 8):
-        mels = np.repeat(window, batch, axis=0)
-        out[f"encoder_ms_b{batch}"] = _median_ms(lambda m=mels: runtime.encode(m), repeat=3)
-        cross = runtime.encode(mels)
-        kv = np.zeros((batch, cross.shape[1], cross.shape[2], 20, cross.shape[4]), np.float32)
-        tokens = np.full((batch, 1), 440, np.int64)
-        out[f"decoder_ms_b{batch}"] = _median_ms(
-            lambda t=tokens, k=kv, c=cross: runtime.decode(t, k, c)
-        )
-    out["window_frames"] = float(frames)
-    return out
+    return timer(
+        {name: onnx_session(folder / file, threads=1) for name, file in files.items()}, kind
+    )
 
 
 def measure(encoder_dir: Path, decoder_dir: Path, schemes=SCHEMES, timed: bool = True) -> dict:
-    """One row per (encoder, decoder) file pair: FP32/FP32, then per scheme its INT8
-    encoder with the FP32 decoder, the FP32 encoder with its INT8 decoder, and both.
-    No schemes: the variants the artifacts ship (model.int8.onnx)."""
+    """`evals.asr.compare_runtimes` of one row per (encoder, decoder) file pair: FP32/FP32,
+    then per scheme its INT8 encoder with the FP32 decoder, the FP32 encoder with its INT8
+    decoder, and both. No schemes: the variants the artifacts ship (model.int8.onnx)."""
     vocab = _vocab()
     folder = cache_root() / "asr_int8" / _key(encoder_dir, decoder_dir)
     fp32 = ("fp32", encoder_dir / "model.onnx"), ("fp32", decoder_dir / DECODER_STEP_FILE)
@@ -391,57 +340,14 @@ def measure(encoder_dir: Path, decoder_dir: Path, schemes=SCHEMES, timed: bool =
             variants = {k: v for k, v in built.items() if v.is_file()}
         enc, dec = (scheme.name, variants.get("encoder")), (scheme.name, variants.get("decoder"))
         pairs += [p for p in ((enc, fp32[1]), (fp32[0], dec), (enc, dec)) if p[0][1] and p[1][1]]
-    humans, (longs, speech) = gate_clips(), long_form_set()
-    rows = []
-    for (enc, enc_path), (dec, dec_path) in pairs:
-        runtime = OnnxWhisperRuntime(enc_path, dec_path)
-        row = {
-            "encoder": enc,
-            "decoder": dec,
-            "wer": word_error_rate(runtime, vocab, humans),
-            "long_wer": long_form_wer(runtime, vocab, longs, speech),
-        }
-        fp32 = rows[0] if rows else row
-        row["wer_delta"] = row["wer"] - fp32["wer"]
-        row["long_wer_delta"] = row["long_wer"] - fp32["long_wer"]
-        row["passes_gate"] = max(row["wer_delta"], row["long_wer_delta"]) <= GATE_WER_POINTS
-        if timed:
-            row.update(timings(runtime, humans[2]))
-        rows.append(row)
-        log.info("%s", row)
-    return {
-        "clips": len(humans),
-        "words": sum(len(c.text.split()) for c in humans),
-        "long_form_recordings": len(longs),
-        "gate": f"corpus WER within {GATE_WER_POINTS * 100:g} point of FP32",
-        "folder": str(folder if schemes else encoder_dir.parent),
-        "rows": rows,
-    }
+    runtimes = [(enc, dec, OnnxWhisperRuntime(ep, dp)) for (enc, ep), (dec, dp) in pairs]
+    result = compare_runtimes(runtimes, vocab, *long_form_set(), timed=timed)
+    return {**result, "folder": str(folder if schemes else encoder_dir.parent)}
 
 
 def _key(*folders: Path) -> str:
     text = "".join(f.name for f in folders) + Path(__file__).read_text()
     return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def print_table(result: dict) -> None:
-    print(f"ASR INT8 Q/DQ vs FP32: corpus WER on {result['clips']} human clips "
-          f"({result['words']} words); gate: {result['gate']}")  # fmt: skip
-    print(f"long form: {result['long_form_recordings']} VAD-cut recordings of 29-81 s")
-    print(f"{'encoder':>17} {'decoder':>17}   WER   delta  long WER  delta  gate   enc ms b1  "
-          "enc ms b8  dec ms b1  dec ms b8")  # fmt: skip
-    for r in result["rows"]:
-        times = (
-            f"  {r['encoder_ms_b1']:9.1f}  {r['encoder_ms_b8']:9.1f}  "
-            f"{r['decoder_ms_b1']:9.2f}  {r['decoder_ms_b8']:9.2f}"
-            if "encoder_ms_b1" in r
-            else ""
-        )
-        print(
-            f"{r['encoder']:>17} {r['decoder']:>17}  {r['wer']:.3f}  {r['wer_delta']:+.3f}  "
-            f"{r['long_wer']:8.3f}  {r['long_wer_delta']:+.3f}  "
-            f"{'pass' if r['passes_gate'] else 'FAIL'}{times}"
-        )
 
 
 def main() -> None:

@@ -23,9 +23,9 @@ from export.common import (
     ArtifactRecipe,
     Tolerance,
     compare_outputs,
-    describe_onnx,
     ensure,
     onnx_session,
+    torch_to_onnx,
     worst,
 )
 from export.onnx_edit import add_state_input, set_output_dims
@@ -40,6 +40,19 @@ ENCODER_TOLERANCE = {
     "cross_kv": Tolerance(2e-3, 1e-3),
 }
 DECODER_TOLERANCE = {"logits": Tolerance(2e-3, 1e-3), "self_kv_out": Tolerance(1e-3, 1e-3)}
+# the graphs' tensors, inputs first, and their dynamic axes
+ENCODER_AXES = {
+    "mel": {0: "batch", 2: "frames"},
+    "encoder_hidden_states": {0: "batch", 1: "positions"},
+    "cross_kv": {0: "batch", 3: "positions"},
+}
+DECODER_AXES = {
+    "tokens": {0: "batch", 1: "tokens"},
+    "self_kv": {0: "batch", 3: "past"},
+    "cross_kv": {0: "batch", 3: "positions"},
+    "logits": {0: "batch"},
+    "self_kv_out": {0: "batch", 3: "total"},
+}
 
 
 class _WhisperRecipe(ArtifactRecipe):
@@ -88,18 +101,16 @@ class _WhisperRecipe(ArtifactRecipe):
             onnx.save(fp16, str(out_dir / "model.fp16.onnx"))
         return variants
 
+    @staticmethod
+    def _trace(module, args, path: Path, axes: dict[str, dict[int, str]], inputs: int) -> Path:
+        """`module` traced into `path`: its first `inputs` tensors of `axes` in, the rest out."""
+        names = list(axes)
+        return torch_to_onnx(module, args, path, inputs=names[:inputs], outputs=names[inputs:],
+                             opset=OPSET, dynamic_axes=axes)  # fmt: skip
+
     def _sidecar(self, path: Path, validation: dict, notes: list[str]) -> Sidecar:
-        inputs, outputs = describe_onnx(path)
-        return Sidecar(
-            model=self.name,
-            inputs=inputs,
-            outputs=outputs,
-            batch_axis=0,
-            opset=OPSET,
-            source=self.key_inputs(),
-            validation=validation,
-            notes=notes,
-        )
+        return self.sidecar(path, opset=OPSET, source=self.key_inputs(), validation=validation,
+                            notes=notes)  # fmt: skip
 
 
 class EncoderRecipe(_WhisperRecipe):
@@ -117,22 +128,7 @@ class EncoderRecipe(_WhisperRecipe):
         module = WhisperEncoderExport(model).eval()
         n_mels = model.config.num_mel_bins
         trace = torch.randn(2, n_mels, 3000)
-        path = out_dir / "model.onnx"
-        with torch.no_grad():
-            torch.onnx.export(
-                module,
-                (trace,),
-                str(path),
-                input_names=["mel"],
-                output_names=["encoder_hidden_states", "cross_kv"],
-                dynamic_axes={
-                    "mel": {0: "batch", 2: "frames"},
-                    "encoder_hidden_states": {0: "batch", 1: "positions"},
-                    "cross_kv": {0: "batch", 3: "positions"},
-                },
-                opset_version=OPSET,
-                dynamo=False,
-            )
+        path = self._trace(module, [trace], out_dir / "model.onnx", ENCODER_AXES, inputs=1)
         kv_dims = [2 * model.config.decoder_layers, model.config.decoder_attention_heads]
         head = model.config.d_model // model.config.decoder_attention_heads
         set_output_dims(path, {"cross_kv": ["batch", *kv_dims, "positions", head]})
@@ -200,24 +196,7 @@ class DecoderRecipe(_WhisperRecipe):
             torch.randn(2, 2 * layers, heads, 3, dh),
             torch.randn(2, 2 * layers, heads, 1500, dh),
         )
-        path = out_dir / DECODER_STEP_FILE
-        with torch.no_grad():
-            torch.onnx.export(
-                module,
-                trace,
-                str(path),
-                input_names=["tokens", "self_kv", "cross_kv"],
-                output_names=["logits", "self_kv_out"],
-                dynamic_axes={
-                    "tokens": {0: "batch", 1: "tokens"},
-                    "self_kv": {0: "batch", 3: "past"},
-                    "cross_kv": {0: "batch", 3: "positions"},
-                    "logits": {0: "batch"},
-                    "self_kv_out": {0: "batch", 3: "total"},
-                },
-                opset_version=OPSET,
-                dynamo=False,
-            )
+        path = self._trace(module, trace, out_dir / DECODER_STEP_FILE, DECODER_AXES, inputs=3)
         set_output_dims(path, {"self_kv_out": ["batch", 2 * layers, heads, "total", dh]})
         session = onnx_session(path, threads=2)
         rng = np.random.default_rng(2)

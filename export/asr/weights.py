@@ -140,33 +140,31 @@ def _hf_state_dict(v: dict[str, np.ndarray], enc_layers: int, dec_layers: int) -
             else:
                 out[f"{dst}.bias"] = b[i * d : (i + 1) * d]
 
+    def block(src: str, dst: str) -> None:
+        """What encoder and decoder layers share: self-attention and the MLP."""
+        norm(f"{src}/self_attention/layer_norm", f"{dst}.self_attn_layer_norm")
+        fused(f"{src}/self_attention/linear_0", [f"{dst}.self_attn.{p}_proj" for p in "qkv"])
+        linear(f"{src}/self_attention/linear_1", f"{dst}.self_attn.out_proj")
+        norm(f"{src}/ffn/layer_norm", f"{dst}.final_layer_norm")
+        linear(f"{src}/ffn/linear_0", f"{dst}.fc1")
+        linear(f"{src}/ffn/linear_1", f"{dst}.fc2")
+
     for i in (1, 2):
         linear(f"encoder/conv{i}", f"model.encoder.conv{i}")
     out["model.encoder.embed_positions.weight"] = v["encoder/position_encodings/encodings"]
     norm("encoder/layer_norm", "model.encoder.layer_norm")
     for i in range(enc_layers):
-        src, dst = f"encoder/layer_{i}", f"model.encoder.layers.{i}"
-        norm(f"{src}/self_attention/layer_norm", f"{dst}.self_attn_layer_norm")
-        fused(f"{src}/self_attention/linear_0", [f"{dst}.self_attn.{p}_proj" for p in "qkv"])
-        linear(f"{src}/self_attention/linear_1", f"{dst}.self_attn.out_proj")
-        norm(f"{src}/ffn/layer_norm", f"{dst}.final_layer_norm")
-        linear(f"{src}/ffn/linear_0", f"{dst}.fc1")
-        linear(f"{src}/ffn/linear_1", f"{dst}.fc2")
+        block(f"encoder/layer_{i}", f"model.encoder.layers.{i}")
     out["model.decoder.embed_tokens.weight"] = v["decoder/embeddings/weight"]
     out["model.decoder.embed_positions.weight"] = v["decoder/position_encodings/encodings"]
     norm("decoder/layer_norm", "model.decoder.layer_norm")
     for i in range(dec_layers):
         src, dst = f"decoder/layer_{i}", f"model.decoder.layers.{i}"
-        norm(f"{src}/self_attention/layer_norm", f"{dst}.self_attn_layer_norm")
-        fused(f"{src}/self_attention/linear_0", [f"{dst}.self_attn.{p}_proj" for p in "qkv"])
-        linear(f"{src}/self_attention/linear_1", f"{dst}.self_attn.out_proj")
+        block(src, dst)
         norm(f"{src}/attention/layer_norm", f"{dst}.encoder_attn_layer_norm")
         linear(f"{src}/attention/linear_0", f"{dst}.encoder_attn.q_proj")
         fused(f"{src}/attention/linear_1", [f"{dst}.encoder_attn.{p}_proj" for p in "kv"])
         linear(f"{src}/attention/linear_2", f"{dst}.encoder_attn.out_proj")
-        norm(f"{src}/ffn/layer_norm", f"{dst}.final_layer_norm")
-        linear(f"{src}/ffn/linear_0", f"{dst}.fc1")
-        linear(f"{src}/ffn/linear_1", f"{dst}.fc2")
     return {k: torch.from_numpy(np.array(a, dtype=np.float32)) for k, a in out.items()}
 
 

@@ -31,8 +31,8 @@ from export.common import (
     Tolerance,
     ValidationError,
     compare_outputs,
-    describe_onnx,
     onnx_session,
+    torch_to_onnx,
     worst,
 )
 from export.emotion.int8 import VARIANT_FILE, build_variant
@@ -97,30 +97,24 @@ class EmotionEncoderRecipe(ArtifactRecipe):
                 states = self.model(input_ids=input_ids, attention_mask=attention_mask)[0]
                 return pool(torch, states, attention_mask)
 
-        path = Path(out_dir) / "model.onnx"
         trace = SentenceTokenizer()(TRACE)
-        torch.onnx.export(
+        path = torch_to_onnx(
             Pooled(reference.model).eval(),
-            tuple(torch.from_numpy(trace[name]) for name in INPUTS),
-            str(path),
-            input_names=list(INPUTS),
-            output_names=[OUTPUT],
+            [torch.from_numpy(trace[name]) for name in INPUTS],
+            Path(out_dir) / "model.onnx",
+            inputs=INPUTS,
+            outputs=[OUTPUT],
+            opset=OPSET,
             dynamic_axes={
                 **{name: {0: "batch", 1: "tokens"} for name in INPUTS},
                 OUTPUT: {0: "batch"},
             },
-            opset_version=OPSET,
-            dynamo=False,
         )
         set_output_dims(path, {OUTPUT: ["batch", EMBEDDING]})  # pooling hides the width
         validation = verify(path, reference)
         validation["variants"] = {VARIANT_FILE: build_variant(Path(out_dir))}
-        inputs, outputs = describe_onnx(path)
-        return Sidecar(
-            model=self.name,
-            inputs=inputs,
-            outputs=outputs,
-            batch_axis=0,
+        return self.sidecar(
+            path,
             opset=OPSET,
             source={"model.safetensors": sha256_file(model_dir() / "model.safetensors")},
             validation=validation,

@@ -22,8 +22,8 @@ from export.common import (
     ShapeMismatchError,
     Tolerance,
     compare_outputs,
-    describe_onnx,
     onnx_session,
+    torch_to_onnx,
     worst,
 )
 from export.lipsync.int8 import VARIANT_FILE, build_variant
@@ -92,46 +92,36 @@ class LipsyncRecipe(ArtifactRecipe):
 
         from networks.lipsync import load_model
 
-        path = Path(out_dir) / "model.onnx"
-        torch.onnx.export(
+        path = torch_to_onnx(
             load_model(self.weights),
-            (torch.from_numpy(example_audio(2, SAMPLE_RATE, seed=0)),),
-            str(path),
-            input_names=[INPUT],
-            output_names=list(OUTPUTS),
+            [torch.from_numpy(example_audio(2, SAMPLE_RATE, seed=0))],
+            Path(out_dir) / "model.onnx",
+            inputs=[INPUT],
+            outputs=OUTPUTS,
+            opset=OPSET,
             dynamic_axes={
                 INPUT: {0: "batch", 1: "samples"},
-                "viseme_probs": {0: "batch", 1: "frames"},
-                "mouth_open": {0: "batch", 1: "frames"},
+                **{name: {0: "batch", 1: "frames"} for name in OUTPUTS},
             },
-            opset_version=OPSET,
-            dynamo=False,
         )
         set_output_dims(path, {"viseme_probs": ["batch", "frames", CLASSES]})
         comparisons = verify(path, self.weights)
-        inputs, outputs = describe_onnx(path)
-        want_in, want_out = expected_specs()
-        if (inputs, outputs) != (want_in, want_out):
-            raise ShapeMismatchError(
-                f"exported I/O {inputs} {outputs}, expected {want_in} {want_out}"
-            )
-        return Sidecar(
-            model=self.name,
-            inputs=inputs,
-            outputs=outputs,
-            batch_axis=0,
+        sidecar = self.sidecar(
+            path,
             opset=OPSET,
             source={"weights": self.weights.name, "weights_sha256": sha256_file(self.weights)},
-            validation={
-                "outputs": worst(comparisons),
-                "checks": [list(c) for c in CHECKS],
-                "variants": {VARIANT_FILE: build_variant(Path(out_dir))},
-            },
+            validation={"outputs": worst(comparisons), "checks": [list(c) for c in CHECKS]},
             notes=[
                 f"16 kHz mono float32 audio; frames every {HOP} samples (100 Hz), "
                 "frames = samples // 160 + 1; viseme order avatar.animation.tables.VISEMES",
             ],
         )
+        if (sidecar.inputs, sidecar.outputs) != expected_specs():
+            raise ShapeMismatchError(
+                f"exported I/O {sidecar.inputs} {sidecar.outputs}, expected {expected_specs()}"
+            )
+        sidecar.validation["variants"] = {VARIANT_FILE: build_variant(Path(out_dir))}
+        return sidecar
 
 
 def verify(path: Path, weights: Path = WEIGHTS) -> list:

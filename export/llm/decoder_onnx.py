@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from avatar.llm.decoder import KvLayout
+from export.common import torch_to_onnx
 
 log = logging.getLogger(__name__)
 
@@ -136,17 +137,15 @@ def export_decoder(model: Any, path: Path, opset: int = OPSET) -> DecoderDims:
     log.info("exporting %d-layer decoder to %s (opset %d)", dims.layers, path, opset)
     # TracerWarnings: the DynamicCache's lazy-init branch is traced once (an empty tensor
     # concatenated with the past), which is right for every past length, 0 included.
-    with torch.no_grad(), warnings.catch_warnings():
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
-        torch.onnx.export(
+        torch_to_onnx(
             module,
             _example_inputs(dims),
-            str(path),
-            input_names=INPUT_NAMES + past_names,
-            output_names=["logits", *present_names],
+            Path(path),
+            inputs=INPUT_NAMES + past_names,
+            outputs=["logits", *present_names],
+            opset=opset,
             dynamic_axes=axes,
-            opset_version=opset,
-            do_constant_folding=True,
-            dynamo=False,  # torch >= 2.9 defaults to the dynamo exporter (needs onnxscript)
         )
     return dims

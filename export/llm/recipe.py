@@ -6,7 +6,7 @@
 
 The artifact folder holds `model.onnx` (fp32: greedy tokens equal PyTorch's),
 `model.int8.onnx` (MatMulNBits 8-bit weights, built and gated with every export; the
-embedded CPU runner serves it while its gate passes: MAX_PERPLEXITY_RISE and MIN_FIRST_TOKEN below),
+embedded CPU runner serves it while its gate passes: evals.llm_decoding.int8_gate),
 `model_int4.onnx` (4-bit, on request, reported), the tokenizer files with the chat
 template, and `model.json` (sidecar).
 """
@@ -24,10 +24,10 @@ import numpy as np
 
 from avatar.llm.decoder import OrtDecoder
 from evals import llm_decoding
-from export.common import ArtifactRecipe, describe_onnx, ensure
+from export.common import ArtifactRecipe, ensure
 from export.gates import judged
 from export.llm import convert, decoder_onnx, verify
-from export.quantize import VARIANT_FILE, logged, side_by_side
+from export.quantize import VARIANT_FILE, logged
 from export.sidecar import Sidecar, sha256_file
 
 log = logging.getLogger(__name__)
@@ -42,14 +42,7 @@ TOKENIZER_FILES = (
 )
 INT4_BLOCK = 32
 VARIANT_GATE = 0.9  # int4: fraction of prompts whose 32 greedy tokens must equal fp32's
-# The INT8 gate measures the task: the model's perplexity on held-out text (is it a worse
-# language model?) and the first token of each persona reply (does the avatar start its
-# answers the same way?). Greedy 32-token identity and first-sentence identity are recorded,
-# not gated: replies are sampled (temperature 0.7, top-p 0.9), so a continuation that parts
-# at a near-tie is as good an answer, and FP32's own batched path parts there too on the
-# server (docs/performance.md 3: 25/30 identical replies).
-MAX_PERPLEXITY_RISE = 0.01  # relative, on the held-out paragraphs
-MIN_FIRST_TOKEN = 0.95  # of the persona prompts, greedy, batch 1
+# the INT8 gate (held-out perplexity, first tokens of persona replies): evals.llm_decoding
 
 
 class LlmDecoderRecipe(ArtifactRecipe):
@@ -100,12 +93,8 @@ class LlmDecoderRecipe(ArtifactRecipe):
         onnx_path = out_dir / "model.onnx"
         dims = decoder_onnx.export_decoder(model, onnx_path)
         validation = self._verify(model, dims, out_dir)
-        inputs, outputs = describe_onnx(onnx_path)
-        return Sidecar(
-            model=self.name,
-            inputs=inputs,
-            outputs=outputs,
-            batch_axis=0,
+        return self.sidecar(
+            onnx_path,
             opset=decoder_onnx.OPSET,
             source={p.name: sha256_file(p) for p in self.checkpoint.files},
             validation=validation,
@@ -138,7 +127,7 @@ class LlmDecoderRecipe(ArtifactRecipe):
         tokenizer = Tokenizer(out_dir)
         reference = verify.TorchDecoder(model, dims.layout)
         fp32 = OrtDecoder(out_dir / "model.onnx")
-        prompts = verify.chat_prompts(tokenizer, self.prompts)
+        prompts = llm_decoding.chat_prompts(tokenizer, self.prompts)
         pad = tokenizer.pad_id
         validation = {"step": verify.compare_step(reference, fp32, dims.vocab)}
         validation["greedy_vs_pytorch"] = verify.check_tokens(
@@ -171,57 +160,14 @@ class LlmDecoderRecipe(ArtifactRecipe):
         return judged("llm_decoder", path, probe, gate, outputs=["logits"])
 
     def int8_gate(self, out_dir: Path, fp32: OrtDecoder, tokenizer, prompts) -> dict:
-        """The 8-bit variant gated on held-out perplexity and first tokens; greedy and
-        first-sentence agreement and the decode step's speed recorded beside."""
-        from evals.sentences import load_sentences
-
+        """The 8-bit variant's verdict (evals.llm_decoding.int8_gate) and how it was made."""
         int8 = OrtDecoder(out_dir / VARIANT_FILE)
-        record: dict = {"quantization": "MatMulNBits 8-bit, asymmetric, blocks of 32, int8 "
-                        "compute (accuracy level 4); lm_head fp32",
-                        "tensorrt": False}  # fmt: skip  # MatMulNBits: ONNX Runtime only
-        pad = tokenizer.pad_id
-        rows = {}
-        for label, batch in (("batch1", 1), ("batch5_left_padded", 5)):
-            ref = llm_decoding.greedy_rows(fp32, prompts, self.new_tokens, batch, pad)
-            got = rows[batch] = llm_decoding.greedy_rows(int8, prompts, self.new_tokens, batch, pad)
-            record[label] = dataclasses.asdict(llm_decoding.Agreement.of(ref, got))
-            if batch == 1:
-                same = [
-                    llm_decoding.first_sentence(tokenizer.decode(a))
-                    == llm_decoding.first_sentence(tokenizer.decode(b))
-                    for a, b in zip(ref, got, strict=True)
-                ]
-                record["first_sentence_same"] = f"{sum(same)}/{len(same)}"
-        # int8 compute rounds a row differently alone and in a batch (FP32 rows do not
-        # depend on their batch): recorded, so a deployment that needs batch-independent
-        # greedy replies knows to serve model.onnx
-        record["rows_independent"] = dataclasses.asdict(llm_decoding.Agreement.of(rows[1], rows[5]))
-        texts = load_sentences()["heldout"][0]  # 105 sentences the LLM was not tuned on
-        held = [tokenizer.encode(" ".join(texts[i : i + 5])) for i in range(0, len(texts), 5)]
-        perplexity = {
-            "fp32": llm_decoding.perplexity(fp32, held),
-            "int8": llm_decoding.perplexity(int8, held),
-        }
-        record["perplexity"] = {k: round(v, 3) for k, v in perplexity.items()}
-        record["heldout_tokens"] = sum(len(r) for r in held)
-        decoders = {"fp32": fp32, "int8": int8}
-        speed = side_by_side(
-            lambda name, batch: llm_decoding.step_ms(decoders[name], batch), rounds=3, digits=1
+        record = llm_decoding.int8_gate(
+            {"fp32": fp32, "int8": int8}, tokenizer, prompts, self.new_tokens
         )
-        record["step_ms_1_thread"] = speed
-        first = record["batch1"]["first_token"] / record["batch1"]["prompts"]
-        rise = perplexity["int8"] / perplexity["fp32"] - 1.0
-        failures = []
-        if rise > MAX_PERPLEXITY_RISE:
-            failures.append(f"perplexity +{rise:.2%} > +{MAX_PERPLEXITY_RISE:.0%}")
-        if first < MIN_FIRST_TOKEN:
-            failures.append(f"first tokens as FP32 {first:.2f} < {MIN_FIRST_TOKEN}")
-        record["passes_gate"] = not failures
-        record["why"] = "; ".join(failures) or (
-            f"perplexity {perplexity['int8']:.2f} vs FP32 {perplexity['fp32']:.2f} "
-            f"({rise:+.2%}, at most +{MAX_PERPLEXITY_RISE:.0%}), first tokens as FP32 "
-            f"{first:.2f} (>= {MIN_FIRST_TOKEN})"
-        )
+        record["quantization"] = ("MatMulNBits 8-bit, asymmetric, blocks of 32, int8 compute "
+                                  "(accuracy level 4); lm_head fp32")  # fmt: skip
+        record["tensorrt"] = False  # MatMulNBits: ONNX Runtime only
         return logged("llm_decoder", record)
 
     def _int4(self, out_dir: Path, fp32: OrtDecoder, prompts, pad: int) -> dict:
@@ -248,7 +194,7 @@ def gate_folder(folder: Path) -> dict:
 
     recipe = LlmDecoderRecipe()
     tokenizer = Tokenizer(folder)
-    prompts = verify.chat_prompts(tokenizer, recipe.prompts)
+    prompts = llm_decoding.chat_prompts(tokenizer, recipe.prompts)
     return recipe.int8_gate(
         Path(folder), OrtDecoder(Path(folder) / "model.onnx"), tokenizer, prompts
     )
@@ -289,6 +235,6 @@ def main(argv: list[str] | None = None) -> None:
     folder = ensure(LlmDecoderRecipe(checkpoint), force=args.force)
     log.info("artifact: %s", folder)
     if args.report:
-        from export.llm.report import report
+        from evals.llm_report import report
 
-        report(folder)
+        report(folder, Sidecar.load(folder).validation)

@@ -16,37 +16,11 @@ from typing import Any
 import numpy as np
 
 from avatar.llm.decoder import Decoder, KvLayout, Past, positions
-from avatar.llm.template import Message, with_persona
 from evals.llm_decoding import Agreement, greedy_rows
 from export.common import Tolerance, ValidationError, compare_outputs
 
 log = logging.getLogger(__name__)
 
-PERSONA = "You are Mia, a friendly receptionist. Answer in one or two short sentences."
-PROMPTS = (
-    "Hello! Who are you?",
-    "What is the capital of France?",
-    "Can you tell me a joke?",
-    "How do I get to the train station?",
-    "What time does the office open?",
-    "Name three colours of the rainbow.",
-    "What is two plus two?",
-    "Describe the weather on a sunny day.",
-    "Why is the sky blue?",
-    "Give me a tip for a job interview.",
-    "What should I eat for breakfast?",
-    "Write a haiku about the sea.",
-    "How many legs does a spider have?",
-    "What is your favourite book?",
-    "Explain what a computer is to a child.",
-    "Where can I park my car?",
-    "Recommend a movie for tonight.",
-    "How do you say thank you in Spanish?",
-    "What is the boiling point of water?",
-    "Tell me something interesting about cats.",
-    "Is it going to rain tomorrow?",
-    "What are the benefits of exercise?",
-)
 LOGIT_TOLERANCE = Tolerance(atol=2e-3, rtol=1e-3)  # fp32 ORT vs eager PyTorch, 30 layers
 KV_TOLERANCE = Tolerance(atol=1e-3, rtol=1e-3)
 
@@ -81,15 +55,6 @@ class TorchDecoder(Decoder):
         for layer in out.past_key_values.layers:
             presents.extend((layer.keys.numpy(), layer.values.numpy()))
         return out.logits.numpy(), presents
-
-
-def chat_prompts(tokenizer: Any, count: int = 20) -> list[list[int]]:
-    """`count` persona chat prompts as token ids (tokenizer: avatar.llm.tokenizer.Tokenizer)."""
-    texts = [
-        tokenizer.template.render(with_persona([Message("user", p)], PERSONA))
-        for p in PROMPTS[:count]
-    ]
-    return [tokenizer.encode(t) for t in texts]
 
 
 def compare_step(reference: Decoder, candidate: Decoder, vocab: int, seed: int = 1) -> dict:

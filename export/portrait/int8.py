@@ -30,8 +30,9 @@ from pathlib import Path
 import numpy as np
 
 from evals.frames import ssim
+from evals.gate import side_by_side
 from export.common import ensure, onnx_session
-from export.quantize import quantize_qdq, side_by_side
+from export.quantize import quantize_qdq
 
 log = logging.getLogger(__name__)
 

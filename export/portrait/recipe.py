@@ -24,28 +24,19 @@ from pathlib import Path
 import numpy as np
 
 from evals import face_landmarks as landmarks
-from export.common import (
-    ArtifactRecipe,
-    Tolerance,
-    compare_outputs,
-    describe_onnx,
-    ensure,
-    onnx_session,
-    worst,
-)
+from export.common import ArtifactRecipe, ensure, onnx_session, torch_to_onnx, worst
 from export.onnx_edit import set_output_dims
 from export.portrait.rig import ARKIT_APPROXIMATIONS, MOUTH_COLORS, SIZE, TEETH_HEIGHT, Rig
-from export.sidecar import Sidecar, TensorSpec, sha256_file
+from export.renderer.recipe import INPUTS, OUTPUT, VERIFY_BATCHES, example_inputs, verify
+from export.sidecar import Sidecar, sha256_file
 
 log = logging.getLogger(__name__)
 
 PHOTO_ENV = "AVATAR_PORTRAIT"
 OPSET = 17  # GridSample needs 16
-INPUTS = ("blendshapes", "head_pose")
-OUTPUT = "frames"
-# uint8 frames: ORT and torch may round a bilinear tap a level apart (measured max 1)
-TOLERANCES = {OUTPUT: Tolerance(atol=2.0)}
-VERIFY_BATCHES = ((1, 11), (5, 12), (16, 13))
+# inputs, output, test inputs and the check against torch: the cartoon renderer's
+# (export/renderer/recipe.py); its uint8 tolerance holds here too (a bilinear tap may round a
+# level apart: measured max 1)
 
 
 def default_photo() -> Path:
@@ -88,14 +79,6 @@ def renderer(rig: Rig, **options):  # -> networks.portrait.PortraitRenderer
     ).eval()
 
 
-def example_inputs(batch: int, seed: int) -> dict[str, np.ndarray]:
-    """Plausible random blendshapes [batch, 52] (sparse, 0..1) and head poses [batch, 3]."""
-    rng = np.random.default_rng(seed)
-    shapes = rng.uniform(0, 1, size=(batch, 52)) * (rng.uniform(size=(batch, 52)) < 0.3)
-    pose = rng.uniform(-0.1, 0.1, size=(batch, 3))
-    return {"blendshapes": shapes.astype(np.float32), "head_pose": pose.astype(np.float32)}
-
-
 def run_torch(model, inputs: dict[str, np.ndarray]) -> np.ndarray:
     import torch
 
@@ -112,6 +95,7 @@ class PortraitRecipe(ArtifactRecipe):
         Path(__file__).parents[2] / "evals" / "face_landmarks.py",
         Path(__file__).parents[2] / "networks" / "portrait.py",
         Path(__file__).parents[1] / "onnx_edit.py",
+        Path(__file__).parents[1] / "renderer" / "recipe.py",  # its inputs and verification
     )
 
     def __init__(self, photo: Path | None = None):
@@ -139,26 +123,19 @@ class PortraitRecipe(ArtifactRecipe):
             rig = build_rig(load_photo(self.photo), mesh)
         rig.save(out_dir)
         model = renderer(rig)
-        path = out_dir / "model.onnx"
         trace = example_inputs(2, seed=0)
-        torch.onnx.export(
+        path = torch_to_onnx(
             model,
-            tuple(torch.from_numpy(trace[name]) for name in INPUTS),
-            str(path),
-            input_names=list(INPUTS),
-            output_names=[OUTPUT],
-            dynamic_axes={name: {0: "batch"} for name in (*INPUTS, OUTPUT)},
-            opset_version=OPSET,
-            dynamo=False,
+            [torch.from_numpy(trace[name]) for name in INPUTS],
+            out_dir / "model.onnx",
+            inputs=INPUTS,
+            outputs=[OUTPUT],
+            opset=OPSET,
         )
         set_output_dims(path, {OUTPUT: ["batch", SIZE, SIZE, 3]})
-        comparisons = verify(path, model)
-        inputs, outputs = describe_onnx(path)
-        return Sidecar(
-            model=self.name,
-            inputs=inputs,
-            outputs=outputs,
-            batch_axis=0,
+        comparisons = verify(path, lambda inputs: run_torch(model, inputs))
+        return self.sidecar(
+            path,
             opset=OPSET,
             source={"photo": self.photo.name, "photo_sha256": sha256_file(self.photo)},
             validation={"outputs": worst(comparisons), "batches": [b for b, _ in VERIFY_BATCHES]},
@@ -169,28 +146,6 @@ class PortraitRecipe(ArtifactRecipe):
                 *(f"{name}: {how}" for name, how in ARKIT_APPROXIMATIONS.items()),
             ],
         )
-
-
-def verify(path: Path, model) -> list:
-    """Compare the ONNX file with torch on batches it was not traced with; raise on mismatch."""
-    session = onnx_session(path)
-    comparisons = []
-    for batch, seed in VERIFY_BATCHES:
-        inputs = example_inputs(batch, seed)
-        expected = run_torch(model, inputs)
-        (got,) = session.run([OUTPUT], inputs)
-        context = f"batch {batch}, seed {seed}"
-        comparisons += compare_outputs({OUTPUT: expected}, {OUTPUT: got}, TOLERANCES, context)
-    return comparisons
-
-
-def expected_specs() -> tuple[list[TensorSpec], list[TensorSpec]]:
-    """The I/O the export must have (names, dtypes, dims) - what config.pbtxt declares."""
-    return (
-        [TensorSpec("blendshapes", "float32", ("batch", 52)),
-         TensorSpec("head_pose", "float32", ("batch", 3))],
-        [TensorSpec(OUTPUT, "uint8", ("batch", SIZE, SIZE, 3))],
-    )  # fmt: skip
 
 
 def measure(path: Path, batches=(1, 4, 8, 16), seconds: float = 3.0, threads: int = 1):

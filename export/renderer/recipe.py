@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -19,10 +20,11 @@ import numpy as np
 from export.common import (
     ArtifactRecipe,
     Tolerance,
+    ToleranceError,
     compare_outputs,
-    describe_onnx,
     ensure,
     onnx_session,
+    torch_to_onnx,
     worst,
 )
 from export.onnx_edit import set_output_dims
@@ -37,6 +39,7 @@ OUTPUT = "frames"
 # uint8 frames: ORT and torch may round a soft edge differently by one level.
 TOLERANCES = {OUTPUT: Tolerance(atol=2.0)}
 MAX_DIFFERING_PIXELS = 1e-3  # fraction of values allowed to differ at all
+VERIFY_BATCHES = ((1, 11), (5, 12), (16, 13))  # (batch, seed): not the traced batch of 2
 
 
 def example_inputs(batch: int, seed: int) -> dict[str, np.ndarray]:
@@ -81,47 +84,41 @@ class RendererRecipe(ArtifactRecipe):
 
         from networks.face2d import Face2D
 
-        path = Path(out_dir) / "model.onnx"
         trace = example_inputs(2, seed=0)
-        torch.onnx.export(
+        path = torch_to_onnx(
             Face2D(self.size).eval(),
-            tuple(torch.from_numpy(trace[name]) for name in INPUTS),
-            str(path),
-            input_names=list(INPUTS),
-            output_names=[OUTPUT],
-            dynamic_axes={name: {0: "batch"} for name in (*INPUTS, OUTPUT)},
-            opset_version=OPSET,
-            dynamo=False,
+            [torch.from_numpy(trace[name]) for name in INPUTS],
+            Path(out_dir) / "model.onnx",
+            inputs=INPUTS,
+            outputs=[OUTPUT],
+            opset=OPSET,
         )
         set_output_dims(path, {OUTPUT: ["batch", self.size, self.size, 3]})
-        comparisons = verify(path, self.size)
-        inputs, outputs = describe_onnx(path)
-        return Sidecar(
-            model=self.name,
-            inputs=inputs,
-            outputs=outputs,
-            batch_axis=0,
+        comparisons = verify(path, lambda x: reference(x, self.size)[OUTPUT], MAX_DIFFERING_PIXELS)
+        return self.sidecar(
+            path,
             opset=OPSET,
             source={},  # drawn from code only: the code checksums are in the cache key
-            validation={"outputs": worst(comparisons), "batches": [1, 5, 16]},
+            validation={"outputs": worst(comparisons), "batches": [b for b, _ in VERIFY_BATCHES]},
             notes=[f"{self.size}x{self.size} RGB uint8; blendshapes in ARKit-52 order"],
         )
 
 
-def verify(path: Path, size: int = SIZE) -> list:
-    """Compare the ONNX file with torch on batches it was not traced with; raise on mismatch."""
-    from export.common import ToleranceError
-
+def verify(
+    path: Path, reference: Callable[[dict[str, np.ndarray]], np.ndarray], max_differing: float = 1.0
+) -> list:
+    """Compare the face renderer's ONNX file with its torch `reference` (inputs -> frames) on
+    VERIFY_BATCHES, which it was not traced with; raise on a mismatch, or where more than
+    `max_differing` of the values differ at all. Both renderers (cartoon and portrait)."""
     session = onnx_session(path)
     comparisons = []
-    for batch, seed in ((1, 11), (5, 12), (16, 13)):
+    for batch, seed in VERIFY_BATCHES:
         inputs = example_inputs(batch, seed)
-        expected = reference(inputs, size)
-        got = dict(zip([OUTPUT], session.run([OUTPUT], inputs), strict=True))
+        expected, (got,) = reference(inputs), session.run([OUTPUT], inputs)
         context = f"batch {batch}, seed {seed}"
-        comparisons += compare_outputs(expected, got, TOLERANCES, context)
-        differing = float(np.mean(expected[OUTPUT] != got[OUTPUT]))
-        if differing > MAX_DIFFERING_PIXELS:
+        comparisons += compare_outputs({OUTPUT: expected}, {OUTPUT: got}, TOLERANCES, context)
+        differing = float(np.mean(expected != got))
+        if differing > max_differing:
             raise ToleranceError(f"{OUTPUT}: {differing:.2%} of values differ ({context})")
     return comparisons
 

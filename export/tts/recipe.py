@@ -32,7 +32,6 @@ from export.common import (
     ToleranceError,
     ValidationError,
     compare_outputs,
-    describe_onnx,
     onnx_session,
     worst,
 )
@@ -215,13 +214,9 @@ class VitsRecipe(ArtifactRecipe):
         )
         if self.voice.onnx_path == packaged_voice().onnx_path:  # the gate's sentences: English
             validation["variants"] = {VARIANT_FILE: build_variant(out_dir)}
-        inputs, outputs = describe_onnx(path)
         remaining = op_report(model)
-        return Sidecar(
-            model=self.name,
-            inputs=inputs,
-            outputs=outputs,
-            batch_axis=0,
+        return self.sidecar(
+            path,
             opset=OPSET,
             source={source.name: sha256_file(source)},
             validation=validation,

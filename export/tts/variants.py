@@ -14,7 +14,7 @@ from pathlib import Path
 from avatar.tts.phonemes import Phonemizer, prepare
 from avatar.tts.synth import Controls, batch_inputs
 from avatar.tts.voice import packaged_voice
-from export.common import ArtifactRecipe, describe_onnx, ensure, onnx_session
+from export.common import ArtifactRecipe, ensure, onnx_session
 from export.sidecar import Sidecar, sha256_file
 from export.tts.recipe import VitsRecipe
 
@@ -72,17 +72,15 @@ class VitsVariantRecipe(ArtifactRecipe):
         chunk = prepare("A short check that the graph runs.", Phonemizer(voice.config)).chunks[0]
         names = [o.name for o in session.get_outputs()]
         session.run(names, batch_inputs([chunk.ids], [Controls.defaults(voice.config)]))
-        inputs, outputs = describe_onnx(path)
         fp32 = Sidecar.load(self.fp32)
-        if [t.to_json() for t in inputs] != [t.to_json() for t in fp32.inputs]:
-            raise ValueError(f"{self.name}: inputs differ from the FP32 export")
-        return Sidecar(
+        sidecar = self.sidecar(
+            path,
             model="tts_vits",
-            inputs=inputs,
-            outputs=outputs,
-            batch_axis=0,
             opset=fp32.opset,
             source={"model.onnx (fp32)": sha256_file(self.fp32 / "model.onnx")},
             validation={"quality": "see python -m export.tts --report (WER, RTF)"},
             notes=[f"precision {self.precision}", __doc__.split("\n\n")[1].replace("\n", " ")],
         )
+        if sidecar.inputs != fp32.inputs:
+            raise ValueError(f"{self.name}: inputs differ from the FP32 export")
+        return sidecar

@@ -17,7 +17,6 @@ ask sees.
 
 from __future__ import annotations
 
-import argparse
 import logging
 from pathlib import Path
 
@@ -26,9 +25,8 @@ import numpy as np
 from export.common import (
     ArtifactRecipe,
     Tolerance,
+    build_command,
     compare_outputs,
-    describe_onnx,
-    ensure,
     onnx_session,
     worst,
 )
@@ -160,13 +158,8 @@ class TurnDetectorRecipe(ArtifactRecipe):
                 f"complete at least {MIN_COMPLETE:.0%} of the time and more likely complete "
                 "than cut ones: the graph or its features are wrong"
             )
-        inputs, outputs = describe_onnx(path)
-        return Sidecar(
-            model=self.name,
-            inputs=inputs,
-            outputs=outputs,
-            batch_axis=0,
-            opset=next(o.version for o in onnx.load(str(path)).opset_import if o.domain == ""),
+        return self.sidecar(
+            path,
             source={f"{DISTRIBUTION}=={VERSION}:{WHEEL_FILE}": sha256_file(self.source)},
             validation={
                 "licence": self.licence or "unknown (a file given by path)",
@@ -182,10 +175,5 @@ class TurnDetectorRecipe(ArtifactRecipe):
         )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--force", action="store_true", help="rebuild even if cached")
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    folder = ensure(TurnDetectorRecipe(), force=args.force)
-    log.info("turn_detector artifact: %s\n%s", folder, (folder / Sidecar.FILENAME).read_text())
+def main(argv: list[str] | None = None) -> None:
+    build_command(TurnDetectorRecipe, __doc__.splitlines()[0], argv)

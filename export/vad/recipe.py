@@ -20,7 +20,6 @@ multi-session audio it was not built from.
 
 from __future__ import annotations
 
-import argparse
 import logging
 from pathlib import Path
 
@@ -29,9 +28,8 @@ import numpy as np
 from export.common import (
     ArtifactRecipe,
     Tolerance,
+    build_command,
     compare_outputs,
-    describe_onnx,
-    ensure,
     onnx_session,
     worst,
 )
@@ -200,12 +198,8 @@ class VadRecipe(ArtifactRecipe):
                 {k: v for k, v in TOLERANCES.items() if k != "next_context"},
                 context=f"{sessions} sessions, seed {seed}",
             )
-        inputs, outputs = describe_onnx(path)
-        return Sidecar(
-            model=self.name,
-            inputs=inputs,
-            outputs=outputs,
-            batch_axis=0,
+        return self.sidecar(
+            path,
             opset=OPSET,
             source={self.source.name: sha256_file(self.source)},
             validation={"reference": self.source.name, "outputs": worst(comparisons)},
@@ -216,10 +210,5 @@ class VadRecipe(ArtifactRecipe):
         )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--force", action="store_true", help="rebuild even if cached")
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    folder = ensure(VadRecipe(), force=args.force)
-    log.info("vad artifact: %s\n%s", folder, (folder / Sidecar.FILENAME).read_text())
+def main(argv: list[str] | None = None) -> None:
+    build_command(VadRecipe, __doc__.splitlines()[0], argv)

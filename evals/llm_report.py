@@ -1,32 +1,33 @@
-"""Figures for the LLM stage, printed (not asserted): decode step time per variant and
-batch size, greedy agreement of the variants, and (when the generation core is present)
-time to first token with/without the prefix cache and tokens/s at 1/4/8 streams."""
+"""Figures for the LLM stage, printed (not asserted): `python -m export.llm --report`. Decode
+step time per variant and batch size, greedy agreement of the variants (from the artifact's
+validation record, which the export passes), and time to first token with/without the prefix
+cache and tokens/s at 1/4/8 streams (evals.llm_generation)."""
 
 from __future__ import annotations
 
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 from avatar.llm.decoder import OrtDecoder
 from evals.llm_decoding import step_ms
-from export.sidecar import Sidecar
 
 log = logging.getLogger(__name__)
 
 BATCHES = (1, 4, 8)
 
 
-def report(folder: Path, threads: int = 1) -> None:
-    """Print the figures of the artifact in `folder` (single-threaded ORT unless told)."""
-    sidecar = Sidecar.load(folder)
-    validation = sidecar.validation
+def report(folder: Path, validation: dict[str, Any], threads: int = 1) -> None:
+    """Print the figures of the artifact in `folder` whose sidecar's validation record is
+    `validation` (single-threaded ORT unless told)."""
     print(f"artifact {folder}")
     print(f"step check vs PyTorch: {json.dumps(validation['step'])}")
     for label, record in validation["greedy_vs_pytorch"].items():
         print(f"fp32 greedy vs PyTorch {label}: {record}")
     for name, record in validation.get("variants", {}).items():
-        print(f"{name} vs fp32 (gate passed: {record['passes_gate']}; {record['gate']}):")
+        why = record.get("gate") or record["why"]
+        print(f"{name} vs fp32 (gate passed: {record['passes_gate']}; {why}):")
         for key in ("batch1", "batch5_left_padded", "rows_independent"):
             print(f"  {key}: {record[key]}")
     print(f"default variant: {validation['default_variant']}")
@@ -38,8 +39,6 @@ def report(folder: Path, threads: int = 1) -> None:
             f"batch {b}: {ms:6.1f} ms ({b * 1000 / ms:5.0f} tok/s)" for b, ms in figures.items()
         )
         print(f"  {name:18s} {cells}")
-    try:
-        from evals.llm_generation import print_generation_figures
-    except ImportError:
-        return
+    from evals.llm_generation import print_generation_figures
+
     print_generation_figures(folder, threads=threads)

@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -83,6 +85,13 @@ FUSION_GRIDS = {
         for below in (0.01, 0.03, 0.1)
     ],
 }
+# the blend is on the regression's scale (CHAT_LOGIT_SHIFT): its grid, and lower holds
+FUSION_GRIDS["blend"] = FUSION_GRIDS["cascade"] = [
+    (weight, complete, below, 1.8)
+    for weight in (0.5, 0.7)
+    for complete in (0.5, 0.6, 0.7)
+    for below in (0.2, 0.35, 0.5, 0.65)
+]
 # the setting whose timings are tried: the served default for turn_words, the one chosen
 # on dev for the chat model (issue 43, fourth round)
 TIMED_FUSION = {"smollm2": (0.7, 0.3, 0.1, 1.8)}
@@ -125,10 +134,20 @@ def fused_strategies(words: str = "turn_words") -> list[Strategy]:
 
     grid = FUSION_GRIDS[words]
     grid = grid if timed in grid else [timed, *grid]
-    timings = [t for t in TIMING_GRID if t != default[1]]
+    # the blends keep the served timing: their grid is the fusion's
+    timings = [t for t in TIMING_GRID if t != default[1] and words in ("turn_words", "smollm2")]
     return [strategy(setting, default[1]) for setting in grid] + [
         strategy(timed, timing) for timing in timings
     ]
+
+
+def served_default() -> Strategy:
+    """The served default (the regression, `Fusion()`, the served timing): the row another
+    words scorer is measured beside in the same run."""
+    from avatar.end_of_turn import Fusion, ModelEndpointer
+
+    label = "fused w{:g} c{:g} u{:g} s{:g} (default)".format(*dataclasses.astuple(Fusion()))
+    return (label, lambda: ModelEndpointer(pause_s=PAUSE_S), WORD_SCORERS["turn_words"]())
 
 
 def words_scorer() -> Scorer:
@@ -158,9 +177,117 @@ def smollm2_scorer() -> Scorer:
     return scorer()
 
 
+# The blend (issue 43, fifth round): the regression's and the chat model's answers averaged
+# in logit space. The chat model's logit is moved onto the regression's scale first (its cut
+# turns score ~0.005, its finished ~0.3): by the difference of the two means on the dev
+# split's true words (_Readers.shift), so the regression's fusion grid applies to the blend
+# and the cascade can hand the regression's own answer on.
+BLEND_WEIGHT = 0.5  # the regression's weight (`--words-only blend blend-0.3 blend-0.7`)
+# the cascade asks the chat model only where the regression doubts: p in this band
+DOUBTFUL = (0.15, 0.9)
+
+
+def _logit(p: float) -> float:
+    p = min(max(p, 1e-6), 1 - 1e-6)
+    return math.log(p / (1 - p))
+
+
+class _Readers:
+    """The regression and the chat model in-process, each text read once by each: the
+    probability, the CPU ms (this thread) and the wall seconds it took; shared by every
+    blend."""
+
+    _shared: _Readers | None = None
+
+    def __init__(self) -> None:
+        self.regression, self.chat = words_scorer(), smollm2_scorer()
+        self.read: dict[tuple[str, str], tuple[float | None, float, float]] = {}
+        self.shift = self._dev_shift()
+        log.info("blend: the chat model's logit + %.3f (dev's true words)", self.shift)
+
+    @classmethod
+    def shared(cls) -> _Readers:
+        if cls._shared is None:
+            cls._shared = cls()
+        return cls._shared
+
+    def _dev_shift(self) -> float:
+        """mean logit(regression) - mean logit(chat) over the dev split's true words (heads,
+        whole questions, statements, recordings): the test split never sets it."""
+        from evals.turn_taking import complete_turns, questions, recording_texts
+
+        asked = questions("dev")
+        texts = [q.head for q in asked] + [q.text for q in asked]
+        texts += [t for t, _ in complete_turns("dev")] + recording_texts("dev")
+        gaps = [
+            _logit(p) - _logit(q)
+            for p, q in ((self("regression", t)[0], self("chat", t)[0]) for t in texts)
+            if p is not None and q is not None
+        ]
+        self.read.clear()  # costs are counted from the material's reads
+        return float(np.mean(gaps))
+
+    def __call__(self, model: str, text: str) -> tuple[float | None, float, float]:
+        key = (model, text)
+        if key not in self.read:
+            started, wall = time.thread_time(), time.monotonic()
+            p = (self.regression if model == "regression" else self.chat)(text)
+            took = (time.thread_time() - started) * 1000, time.monotonic() - wall
+            self.read[key] = (p, *took)
+        return self.read[key]
+
+
+class Blend:
+    """A words scorer: sigmoid(weight * logit(regression) + (1 - weight) * (logit(chat) +
+    the readers' shift)). With `band`, a cascade: the chat model is asked only when the
+    regression's p is inside it; outside, the regression's p is the answer. `costs`: the CPU
+    ms of each text's decision (the regression's, plus the chat model's where asked), and
+    whether the chat model was asked."""
+
+    def __init__(self, weight: float = BLEND_WEIGHT, band: tuple[float, float] | None = None):
+        self.weight, self.band, self.readers = weight, band, _Readers.shared()
+        self.costs: dict[str, tuple[float, bool, float]] = {}  # text: (CPU ms, chat, wall s)
+
+    def seconds(self, text: str) -> float:
+        """The seconds `text`'s decision costs, charged to its answer's arrival: the CPU
+        time of one thread when its readers first read it (another blend may have read it
+        since; and on a shared machine the wall clock counts the neighbours' work)."""
+        return self.costs[text][0] / 1000
+
+    def __call__(self, text: str) -> float | None:
+        p, cost, wall = self.readers("regression", text)
+        if p is None or (self.band is not None and not self.band[0] <= p <= self.band[1]):
+            self.costs[text] = (cost, False, wall)
+            return p
+        q, chat_cost, chat_wall = self.readers("chat", text)
+        self.costs[text] = (cost + chat_cost, True, wall + chat_wall)
+        if q is None:
+            return p
+        mixed = self.weight * _logit(p) + (1 - self.weight) * (_logit(q) + self.readers.shift)
+        return 1 / (1 + math.exp(-mixed))
+
+    def cost(self) -> dict[str, float | None]:
+        """CPU ms per decision over the texts read (mean, p50, p95) and the share that
+        asked the chat model."""
+        if not self.costs:
+            return {"texts": 0, "mean": None, "p50": None, "p95": None, "chat_asked": None}
+        ms = np.array([c for c, _, _ in self.costs.values()])
+        return {
+            "texts": len(ms),
+            "mean": round(float(ms.mean()), 2),
+            "p50": round(float(np.percentile(ms, 50)), 2),
+            "p95": round(float(np.percentile(ms, 95)), 2),
+            "chat_asked": _share([asked for _, asked, _ in self.costs.values()]),
+        }
+
+
 WORD_SCORERS: dict[str, Callable[[], Scorer]] = {
     "turn_words": words_scorer,
     "smollm2": smollm2_scorer,
+    "blend": Blend,
+    "cascade": lambda: Blend(band=DOUBTFUL),
+    # the weights the blend's was chosen among, on dev's true words
+    **{f"blend-{w:g}": functools.partial(Blend, w) for w in (0.3, 0.7)},
 }
 
 
@@ -197,7 +324,9 @@ def words_only(names: Sequence[str]) -> list[dict]:
                 "finished": int(whole.sum()),
                 "auc": round(_auc(p, whole), 3),
                 "finished_held_at_10pct_heads": _share(list(p[whole] <= threshold)),
-                "cpu_ms_p50": round(float(np.percentile(took, 50)), 2),
+                # a blend's readers are shared: its own first reads' cost, not the cache's
+                "cpu_ms_p50": scorer.cost()["p50"] if isinstance(scorer, Blend)
+                else round(float(np.percentile(took, 50)), 2),
             })  # fmt: skip
     return rows
 
@@ -502,8 +631,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--words-scorer",
         choices=sorted(FUSION_GRIDS),
-        default="turn_words",
-        help="the words scorer the fused strategies read (turn_words: the served one)",
+        nargs="+",
+        default=["turn_words"],
+        help="the words scorers the fused strategies read (turn_words: the served one; any "
+        "other is run beside the served default)",
     )
     parser.add_argument(
         "--answers",
@@ -548,7 +679,14 @@ def command(args: argparse.Namespace) -> int:
     unknown = set(families) - set(FAMILIES)
     if unknown:
         raise SystemExit(f"--voices: unknown families {sorted(unknown)} (of {FAMILIES})")
-    strategies = default_strategies() + (fused_strategies(args.words_scorer) if args.fused else [])
+    strategies, blends = default_strategies(), {}
+    if args.fused:
+        if "turn_words" not in args.words_scorer:  # beside the served default, same run
+            strategies.append(served_default())
+        for words in args.words_scorer:
+            strategies += fused_strategies(words)
+            if isinstance(strategies[-1][2], Blend):
+                blends[words] = strategies[-1][2]
     if args.fused and len(strategies) == 2:
         log.warning("--fused: no fused strategies in this tree (fused_strategies() is empty)")
     pauses = tuple(args.pauses)
@@ -563,6 +701,13 @@ def command(args: argparse.Namespace) -> int:
         f"{cost['words_cpu_ms_p50']} / {cost['words_cpu_ms_p95']}, audio "
         f"{cost['audio_cpu_ms_p50']} / {cost['audio_cpu_ms_p95']}."
     )
+    for words, blend in blends.items():
+        cost[words] = blend.cost()
+        table += (
+            f"\n{words}: CPU ms per decision over the {cost[words]['texts']} transcripts read "
+            f"(mean / p50 / p95): {cost[words]['mean']} / {cost[words]['p50']} / "
+            f"{cost[words]['p95']}; the chat model asked for {_pct(cost[words]['chat_asked'])}."
+        )
     if args.pause_wer:
         wer = pause_wer(args.pause_wer)
         results_wer = "; ".join(

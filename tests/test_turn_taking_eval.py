@@ -133,3 +133,28 @@ def test_words_only_ranks_whole_questions_above_their_heads(tmp_path: Path) -> N
         assert r["heads"] == 20 and r["finished"] > r["heads"], r
         assert r["auc"] > 0.8, r  # 0.92 / 0.96 when written
     assert "| turn_words | dev |" in (tmp_path / "words_only.md").read_text()
+
+
+@pytest.mark.extended
+def test_the_blend_averages_logits_and_the_cascade_asks_the_chat_model_in_doubt() -> None:
+    """`--words-scorer blend cascade` (issue 43, fifth round): the blend is the weighted
+    logit average of the regression's and the (shifted) chat model's answers, and ranks a
+    finished question above its head; the cascade hands a confident regression answer on
+    without the chat model (no CPU spent on it) and blends a doubtful one."""
+    from perf.turn_taking import BLEND_WEIGHT, DOUBTFUL, Blend, _logit
+
+    blend, cascade = Blend(), Blend(band=DOUBTFUL)
+    finished, head = "Can you tell me where the nearest pharmacy is?", "Can you tell me."
+    assert blend(finished) > blend(head)
+    p, q = (blend.readers(model, finished)[0] for model in ("regression", "chat"))
+    mixed = BLEND_WEIGHT * _logit(p) + (1 - BLEND_WEIGHT) * (_logit(q) + blend.readers.shift)
+    assert blend(finished) == pytest.approx(1 / (1 + np.exp(-mixed)))
+    assert blend("?!") is None and cascade("?!") is None
+    for text in (finished, head, "Could I get a", "Thank you so much."):
+        p, blended = blend.readers("regression", text)[0], blend(text)
+        inside = DOUBTFUL[0] <= p <= DOUBTFUL[1]
+        assert cascade(text) == (blended if inside else p), text
+        assert cascade.costs[text][1] is inside
+    cost = cascade.cost()
+    assert cost["texts"] == 5 and cost["p50"] > 0 and 0.0 < cost["chat_asked"] < 1.0, cost
+    assert blend.cost()["chat_asked"] == 0.8  # all but "?!"

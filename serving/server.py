@@ -206,9 +206,10 @@ class ServerOptions:
 
 
 # The work-in-flight gauges (avatar.triton.metrics) that a stop waits to read 0: turns,
-# llm generations (each holds a `llm_decoder` sequence open until its END step) and tts
-# streams. Not "sessions": a conversation's memory is state, not work.
-DRAINED = (("avatar", "turns"), ("llm", "generations"), ("tts", "requests"))
+# llm generations (each holds a `llm_decoder` sequence open until its END step), tts
+# streams and asr transcriptions (their `asr_decoder` sequences, the same way). Not
+# "sessions": a conversation's memory is state, not work.
+DRAINED = (("avatar", "turns"), ("llm", "generations"), ("tts", "requests"), ("asr", "requests"))
 
 # `avatar serve --web`: the models' nice value beside the gateway (CFS weights 335 vs 1024:
 # when both want the 2 cores, the gateway's loop gets its share at once)

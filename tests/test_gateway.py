@@ -209,23 +209,6 @@ def silence_gateway(triton_server) -> Iterator[str]:
         yield base
 
 
-def test_the_first_pause_shows_the_utterance_before_its_end_is_confirmed(
-    silence_gateway: str,
-) -> None:
-    """At the first pause (0.1 s) the page gets the whole question as a caption, while the
-    endpointer still waits; the turn's transcript says the same. (A 1.5-s end of speech, so
-    that a slow machine's ASR still finishes within it: the caption is sent only then.)"""
-    clip = clips()[1]  # "What time does the museum open on Sunday?"
-    controls = {"seed": 1, "end_silence_s": 1.5}
-    reply = asyncio.run(converse(_ws(silence_gateway), clip.audio, controls=controls))
-    assert not reply.of("error"), reply.of("error")
-    at_pause = [m for m in reply.of("partial_transcript") if m["at_pause"]]
-    assert len(at_pause) == 1, reply.of("partial_transcript")
-    (transcript,) = reply.of("transcript")
-    assert at_pause[0]["text"] == transcript["text"]
-    assert reply.at["partial_at_pause"] < reply.at["speech_end1"] < reply.at["transcript"]
-
-
 @pytest.fixture(scope="module")
 def speculating_gateway(triton_server) -> Iterator[str]:
     """A gateway that also starts the reply at the first pause (`--speculate-turn`)."""
@@ -240,13 +223,21 @@ def speculating_gateway(triton_server) -> Iterator[str]:
 
 def test_a_speculative_turn_is_held_until_the_end_of_speech(speculating_gateway: str) -> None:
     """The reply starts at the first pause, but nothing of it reaches the page before the
-    end of speech is confirmed; then it arrives whole, on one clock, as a normal turn."""
+    end of speech is confirmed; then it arrives whole, on one clock, as a normal turn. At
+    that pause (0.1 s) the page already gets the whole question as a caption, while the
+    endpointer still waits, and the turn's transcript says the same. (A 1.5-s end of speech,
+    so that a slow machine's ASR still finishes within it: the caption is sent only then.)"""
     clip = clips()[1]  # "What time does the museum open on Sunday?"
-    reply = asyncio.run(converse(_ws(speculating_gateway), clip.audio, controls={"seed": 1}))
+    controls = {"seed": 1, "end_silence_s": 1.5}
+    reply = asyncio.run(converse(_ws(speculating_gateway), clip.audio, controls=controls))
     assert not reply.of("error"), reply.of("error")
+    at_pause = [m for m in reply.of("partial_transcript") if m["at_pause"]]
+    assert len(at_pause) == 1, reply.of("partial_transcript")
+    (transcript,) = reply.of("transcript")
+    assert at_pause[0]["text"] == transcript["text"]
+    assert reply.at["partial_at_pause"] < reply.at["speech_end1"] < reply.at["transcript"]
     (start,) = reply.of("turn_start")
     assert start["speculative_turn"] is True and start["speculative_asr"] is True
-    (transcript,) = reply.of("transcript")
     assert wer(clip.text, transcript["text"]) < 0.2
     (end,) = reply.of("turn_end")
     assert end["reply"] and end["cancelled"] == "" and end["turn"] == start["turn"]

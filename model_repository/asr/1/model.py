@@ -33,7 +33,7 @@ from avatar.triton.bls import (
     sequence_flags,
 )
 from avatar.triton.diagnostics import enable_crash_reports
-from avatar.triton.metrics import PassCost
+from avatar.triton.metrics import Gauge, PassCost
 from avatar.vad import OUTPUTS, speech_probabilities, speech_segments
 
 # audio longer than one 30-s window: "windows" = Whisper's sequential windows (as
@@ -131,6 +131,9 @@ class TritonPythonModel:
             )
         name = json.loads(args["model_config"]).get("name", "asr")
         self.costs = {kind: PassCost(name, kind.value) for kind in AsrPass}
+        # transcriptions in flight: a server's stop waits for them (serving.server.drain),
+        # since a stopping Triton would refuse the END step of their asr_decoder sequences
+        self.active = Gauge(name, "requests")
         self.runtime = TritonWhisperRuntime(
             params.str("encoder_model", "asr_encoder"),
             params.str("decoder_model", "asr_decoder"),
@@ -179,7 +182,11 @@ class TritonPythonModel:
 
     def execute(self, requests: list) -> list:
         started = time.perf_counter()
-        responses = self._execute(requests)
+        self.active.add(len(requests))
+        try:
+            responses = self._execute(requests)
+        finally:
+            self.active.add(-len(requests))
         self._count(requests, time.perf_counter() - started)
         return responses
 

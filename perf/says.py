@@ -11,6 +11,7 @@ the same conversations.
     python -m perf says --split dev                      # settings are chosen here
     python -m perf says --split test --variants before served   # the report's figures
     python -m perf says --split dev --variants served +candidates +candidates-embed
+    python -m perf says --split test --variants served-words +subject --seeds 2 --parallel 3
     python -m perf says --split test --endpoint http://127.0.0.1:8080/v1 [--model NAME]
     python -m perf says --split test --llama-cpp [GGUF]  # starts llama.cpp's server on it
 
@@ -87,11 +88,27 @@ def _plus_copy(config: LocalConfig) -> LocalConfig:
 
 
 def _plus_recall(config: LocalConfig) -> LocalConfig:
-    return _grounding(_before(config), **dataclasses.asdict(SERVED))
+    return _grounding(_before(config), **(dataclasses.asdict(SERVED) | {"subject": "words"}))
 
 
 def _served_no_copy(config: LocalConfig) -> LocalConfig:
     return _grounding(config, recall=SERVED.recall, recall_persona=SERVED.recall_persona)
+
+
+def _subject(judged_by: str) -> Variant:
+    """The served settings, a question's subject (the avatar or not) judged by its words
+    ("words": as before issue 44's fifth round) or also by the served MiniLM where its
+    words speak to "you" without saying what about ("embedding"; avatar/llm/subject.py)."""
+
+    def variant(config: LocalConfig) -> LocalConfig:
+        fields = dataclasses.asdict(config.llm.grounding) | {"subject": judged_by}
+        config = _grounding(config, **fields)
+        if judged_by == "embedding":
+            llm = dataclasses.replace(config.llm, embed=_embedding_model())
+            config = dataclasses.replace(config, llm=llm)
+        return config
+
+    return variant
 
 
 def _candidates(agreement: str, choose_after: str = "sentence") -> Variant:
@@ -135,11 +152,12 @@ def _embedding_model() -> Callable[[list[str]], np.ndarray]:
     import onnxruntime as ort
 
     from avatar.animation.emotion_classifier import SentenceTokenizer
-    from serving.served import local_models
+    from serving.served import served_onnx, served_parameters
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = options.inter_op_num_threads = 1
-    path = str(local_models().emotion_encoder)
+    # this graph's file only (local_models() would check every model's INT8 gate)
+    path = str(served_onnx(served_parameters("avatar")["emotion_model"]))
     session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
     tokenize = SentenceTokenizer()
     return lambda texts: session.run(["embedding"], tokenize(texts))[0]
@@ -152,7 +170,12 @@ VARIANTS: dict[str, Variant] = {
     "before": _before,  # the one-line persona, no grounding
     "+copy": _plus_copy,  # the copy bias
     "+recall": _plus_recall,  # + what is known read beside a question about someone
-    "served": lambda config: config,  # + the default persona says "Your name is Mia."
+    # + the default persona says "Your name is Mia."; whom a question asks about judged by
+    # its words only (served until issue 44's fifth round)
+    "served-words": _subject("words"),
+    # + a question's subject judged by MiniLM beside its words (now served: "served")
+    "+subject": _subject("embedding"),
+    "served": lambda config: config,
     "served-no-copy": _served_no_copy,  # the served settings without the copy bias
     # + candidates of the first sentence, the one agreeing with the sources chosen
     "+candidates": _candidates("words"),  # by the share of content words in the sources

@@ -25,12 +25,13 @@ from avatar.llm.backend import DecoderBackend, Reply, ReplyBackend
 from avatar.llm.cache import PrefixCache
 from avatar.llm.conversation import ConversationStore, MemoryStore, StoreError, bound_context
 from avatar.llm.decoder import Decoder
-from avatar.llm.grounding import Embed, GroundingConfig, recalled, sources
+from avatar.llm.grounding import About, Embed, GroundingConfig, asks_about, recalled, sources
 from avatar.llm.persona import DEFAULT
 from avatar.llm.sampling import SamplingParams
 from avatar.llm.scheduler import Event, Scheduler
 from avatar.llm.sequences import KvCacheSequences, SequenceDecoder
 from avatar.llm.stream import Chunk, SentenceSplitter
+from avatar.llm.subject import SubjectJudge
 from avatar.llm.template import (
     MAX_PROMPT_CHARS,
     Message,
@@ -59,6 +60,7 @@ class EngineConfig:
     # the copy bias towards the persona, the user's words and the passages (packaged decoder)
     grounding: GroundingConfig = dataclasses.field(default_factory=GroundingConfig)
     # the sentence embedding model (texts -> vectors), for candidates chosen by embedding
+    # and questions' subjects judged by it (GroundingConfig.embeds)
     embed: Embed | None = dataclasses.field(default=None, compare=False)
 
 
@@ -120,6 +122,10 @@ class ChatEngine:
         `tokens`: session ids must be tokens of this secret (avatar/conversation_tokens.py);
         None trusts callers' ids."""
         self.config = config or EngineConfig()
+        grounding = self.config.grounding
+        if grounding.subject == "embedding" and self.config.embed is None:
+            raise ValueError('grounding "subject": "embedding" needs the engine\'s embed model')
+        self.judge = SubjectJudge(self.config.embed) if grounding.subject == "embedding" else None
         self.sessions = store if store is not None else MemoryStore(self.config.sessions)
         self.tokens = tokens
         self._lock = threading.Lock()
@@ -216,7 +222,8 @@ class ChatEngine:
         if context.strip() and question.role != "user":
             raise RequestError("context needs the last message to be the user's")
         # a question about the user reads their own earlier words beside it, as passages are
-        told = recalled(full, self.config.grounding)
+        about = self._about(question)
+        told = recalled(full, self.config.grounding, about)
         reading = "\n".join(part for part in (told, context.strip()) if part)
         if reading:
             full[-1] = Message("user", grounded(question.content, reading))
@@ -229,8 +236,18 @@ class ChatEngine:
                 [*full[:-1], question],
                 self.config.grounding,
                 context=context,
+                about=about,
             )
         return ChatRequest(full, new, session_id, sampling, token, memory_error, memory, copied)
+
+    def _about(self, question: Message) -> About:
+        """Whom the user's question asks about (the judge only where it is needed)."""
+        grounding = self.config.grounding
+        used = grounding.recall or grounding.recall_persona or grounding.copies
+        if question.role != "user" or not (used or grounding.chooses):
+            return About()
+        judge = self.judge.asks_the_avatar if self.judge is not None else None
+        return asks_about(question.content, judge)
 
     def count_tokens(self, messages: list[Message]) -> int:
         return self.backend.count_tokens(messages)

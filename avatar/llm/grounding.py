@@ -59,6 +59,7 @@ _TO_FIRST = {
 _WORD = re.compile(r"[A-Za-z]+(?:'[a-z]+)?")
 MAX_CANDIDATES = 8
 AGREEMENTS = ("words", "embedding")
+SUBJECTS = ("words", "embedding")
 
 
 def _swap(text: str, table: dict[str, str]) -> str:
@@ -118,6 +119,10 @@ class GroundingConfig:
     # "piece": judge them on the first piece the TTS would get (a first clause of
     # first_clause_words words may be one), sooner than on the whole first sentence
     choose_after: str = "sentence"
+    # how a question's subject (the avatar, the user) is recognised: "words", by its
+    # pronouns and a few phrases; "embedding", those words backed by the engine's
+    # embedding model for questions that speak to "you" (avatar/llm/subject.py)
+    subject: str = "words"
 
     @property
     def copies(self) -> bool:
@@ -126,6 +131,11 @@ class GroundingConfig:
     @property
     def chooses(self) -> bool:
         return self.candidates > 1
+
+    @property
+    def embeds(self) -> bool:
+        """Whether the engine needs the sentence embedding model (EngineConfig.embed)."""
+        return self.subject == "embedding" or (self.chooses and self.agreement == "embedding")
 
     @classmethod
     def from_json(cls, text: str) -> GroundingConfig:
@@ -150,6 +160,8 @@ class GroundingConfig:
                 f"grounding {text!r}: agreement must be one of {AGREEMENTS}, choose_after "
                 '"sentence" or "piece"'
             )
+        if config.subject not in SUBJECTS:
+            raise ValueError(f"grounding {text!r}: subject must be one of {SUBJECTS}")
         return config
 
 
@@ -164,6 +176,29 @@ _ABOUT_THE_AVATAR = re.compile(
 _SENTENCE = re.compile(r"[^.!?]+[.!?]*")
 
 
+@dataclasses.dataclass(frozen=True)
+class About:
+    """Whom the last message asks about (both, or neither, may be true)."""
+
+    avatar: bool = False
+    user: bool = False
+
+
+def asks_about(question: str, asks_the_avatar: Callable[[str], bool] | None = None) -> About:
+    """Whom `question` asks about, by its words; `asks_the_avatar` (a judge of the question,
+    avatar/llm/subject.py) is asked when the words do not say it is the avatar."""
+    avatar = bool(_ABOUT_THE_AVATAR.search(question))
+    if not avatar and asks_the_avatar is not None:
+        avatar = asks_the_avatar(question)
+    return About(avatar, bool(_ABOUT_THE_USER.search(question)))
+
+
+def _about(messages: Sequence[Message], about: About | None) -> About:
+    if about is not None:
+        return about
+    return asks_about(messages[-1].content) if messages else About()
+
+
 def persona_statements(system_prompt: str) -> str:
     """The persona's sentences about the avatar itself, in the first person ("You are Mia,
     the receptionist." -> "I am Mia, the receptionist."); instructions are left out."""
@@ -174,18 +209,21 @@ def persona_statements(system_prompt: str) -> str:
     return " ".join(found)
 
 
-def recalled(messages: Sequence[Message], config: GroundingConfig) -> str:
+def recalled(
+    messages: Sequence[Message], config: GroundingConfig, about: About | None = None
+) -> str:
     """What the last message should read beside it: when it asks about the user, their
     latest earlier messages in the second person ("What is my code?" -> "Your code is
-    4417."); when it asks about the avatar, the persona's statements about itself."""
+    4417."); when it asks about the avatar, the persona's statements about itself.
+    `about`: whom it asks about (default: judged by its words, `asks_about`)."""
     question = messages[-1] if messages else None
     if question is None or question.role != "user":
         return ""
     parts = []
-    about_the_avatar = _ABOUT_THE_AVATAR.search(question.content)
-    if config.recall_persona and messages[0].role == "system" and about_the_avatar:
+    about = _about(messages, about)
+    if config.recall_persona and messages[0].role == "system" and about.avatar:
         parts.append(persona_statements(messages[0].content))
-    if config.recall and _ABOUT_THE_USER.search(question.content):
+    if config.recall and about.user:
         # what they said of themselves, not what they asked
         earlier = [
             m.content
@@ -201,17 +239,18 @@ def sources(
     config: GroundingConfig,
     *,
     context: str = "",
+    about: About | None = None,
 ) -> tuple[str, ...]:
     """What a reply to `messages` may copy from: the system prompt in the first person when
     the last message asks about the avatar, the user's earlier messages in the second
     person when it asks about the user, and the passages."""
     found: list[str] = []
-    question = messages[-1].content if messages else ""
+    about = _about(messages, about)
     # the persona and the user's words only when the question asks about them: copied into
     # an answer about the spa's prices, "I am Mia, the receptionist" runs on by itself
-    if config.persona and messages[0].role == "system" and _ABOUT_THE_AVATAR.search(question):
+    if config.persona and messages[0].role == "system" and about.avatar:
         found.append(first_person(messages[0].content))
-    if config.user and _ABOUT_THE_USER.search(question):
+    if config.user and about.user:
         earlier = [m for m in messages[:-1] if m.role == "user"]
         found += [second_person(m.content) for m in earlier]
     if config.passages and context.strip():

@@ -80,6 +80,10 @@ def local_stages(models: LocalModels, config: LocalConfig | None = None) -> Iter
     from avatar.llm.tokenizer import Tokenizer
 
     config = config or LocalConfig()
+    if config.llm.grounding.embeds and config.llm.embed is None and models.emotion_encoder:
+        # the served MiniLM, as the `llm` model calls it through BLS
+        llm = dataclasses.replace(config.llm, embed=_embedder(models.emotion_encoder, config))
+        config = dataclasses.replace(config, llm=llm)
     tokenizer = Tokenizer(models.llm_decoder.parent)
     decoder: _SequenceAtATime | None = None
     if config.llm_endpoint is not None:
@@ -223,6 +227,14 @@ def _speaker(path: Path, threads: int) -> Callable[[str, TurnRequest], Iterator[
             )
 
     return speak
+
+
+def _embedder(path: Path, config: LocalConfig) -> Callable[[list[str]], np.ndarray]:
+    """Texts -> sentence vectors by the emotion encoder's graph (MiniLM)."""
+    from avatar.animation.emotion_classifier import SentenceTokenizer
+
+    session, tokenize = _session(path, config.threads), SentenceTokenizer()
+    return lambda texts: session.run(["embedding"], tokenize(texts))[0]
 
 
 def local_knowledge(

@@ -15,6 +15,7 @@ at once: the backend's threads produce every active stream.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import queue
@@ -99,7 +100,8 @@ def _tensorrt_llm(model: str, tokenizer: Tokenizer, max_streams: int) -> TensorR
 
 def _embedder(model: str, batch: int = 16):
     """Texts -> sentence vectors by the served MiniLM (`emotion_encoder`, whose batches
-    hold at most `batch` rows): what candidates of a reply are chosen by."""
+    hold at most `batch` rows): what candidates of a reply are chosen by and a question's
+    subject is judged by (GroundingConfig.embeds)."""
     from avatar.animation.emotion_classifier import SentenceTokenizer
 
     tokenize = SentenceTokenizer()
@@ -130,6 +132,9 @@ class TritonPythonModel:
         params = ModelParameters(json.loads(args["model_config"]))
         settings = llm_settings(params, EngineConfig.persona)
         config = engine_config(params, settings)
+        if config.grounding.embeds:  # the served MiniLM, through BLS
+            embed = _embedder(params.str("embedding_model", "emotion_encoder"))
+            config = dataclasses.replace(config, embed=embed)
         self.decoder: TritonSequenceDecoder | None = None
         store_url = params.str("session_store", "") or os.environ.get(STORE_URL_ENV, "")
         store = open_store(store_url, config.sessions, params.float("session_ttl_s", SESSION_TTL_S))
@@ -159,11 +164,8 @@ class TritonPythonModel:
         if settings.backend == "tensorrt_llm":
             return _tensorrt_llm(settings.tensorrt_llm_model, tokenizer, config.max_batch)
         self.decoder = TritonSequenceDecoder(decoder_model, config.max_batch)
-        embed = None
-        if config.grounding.chooses and config.grounding.agreement == "embedding":
-            embed = _embedder(params.str("embedding_model", "emotion_encoder"))
         return DecoderBackend(
-            self.decoder, tokenizer, config.max_batch, config.context_tokens, embed
+            self.decoder, tokenizer, config.max_batch, config.context_tokens, config.embed
         )
 
     def _check_endpoint(self, settings: LlmSettings) -> None:

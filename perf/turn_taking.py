@@ -85,9 +85,10 @@ FUSION_GRIDS = {
         for below in (0.01, 0.03, 0.1)
     ],
 }
-# the blend is on the regression's scale (_Readers.shift): the regression's grid, lower
-# holds (its doubt is rarer), and fewer points (each costs ~2 min on 2 cores); the served
-# setting (0.7, 0.5, 0.65) is added by fused_strategies
+# the blend is on the regression's scale (_Readers.shift): the regression's grid with lower
+# holds (its doubt is rarer); the served setting (0.7, 0.5, 0.65) is added by
+# fused_strategies. Measured, not adopted (docs/performance.md section 25, fifth round:
+# chosen on dev, it cut 13 % of the test heads against the regression's 9.8 %)
 FUSION_GRIDS["blend"] = FUSION_GRIDS["cascade"] = [
     (weight, complete, below, 1.8)
     for weight in (0.5, 0.7)

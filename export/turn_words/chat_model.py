@@ -30,7 +30,7 @@ from typing import Protocol
 
 import numpy as np
 
-from export.common import ArtifactRecipe, describe_onnx, ensure
+from export.common import ArtifactRecipe, ensure, torch_to_onnx
 from export.quantize import VARIANT_FILE
 from export.sidecar import Sidecar, sha256_file
 from export.turn_words.recipe import (
@@ -223,18 +223,17 @@ class ChatModelWordsRecipe(ArtifactRecipe):
         prompt = WordsPrompt(Tokenizer(out_dir))
         path, variant = out_dir / "model.onnx", out_dir / VARIANT_FILE
         example = prompt.rows(["Can you tell me", "Where is the nearest pharmacy"])
-        torch.onnx.export(
+        torch_to_onnx(
             module,
-            tuple(torch.from_numpy(a) for a in example),
-            str(path),
-            input_names=list(INPUTS),
-            output_names=[OUTPUT],
+            [torch.from_numpy(a) for a in example],
+            path,
+            inputs=INPUTS,
+            outputs=[OUTPUT],
+            opset=OPSET,
             dynamic_axes={
                 **{name: {0: "batch", 1: "tokens"} for name in INPUTS},
                 OUTPUT: {0: "batch"},
             },
-            opset_version=OPSET,
-            dynamo=False,
         )
         texts, finished = check_turns()
         fp32 = score(onnx_session(path, threads=2), prompt, texts)
@@ -265,12 +264,8 @@ class ChatModelWordsRecipe(ArtifactRecipe):
         )
         why = f"AUC {int8_figures['auc']} vs FP32 {fp32_figures['auc']}, max |diff| {diff:.4f}"
         log.info("turn_words_chat INT8: %s (%s)", int8_figures, why)
-        inputs, outputs = describe_onnx(path)
-        return Sidecar(
-            model=self.name,
-            inputs=inputs,
-            outputs=outputs,
-            batch_axis=0,
+        return self.sidecar(
+            path,
             opset=OPSET,
             source={f"source:{p.name}": sha256_file(p) for p in self.checkpoint.files},
             validation={

@@ -33,7 +33,6 @@ from export.common import (
     ArtifactRecipe,
     Tolerance,
     compare_outputs,
-    describe_onnx,
     ensure,
     worst,
 )
@@ -221,13 +220,8 @@ class TurnWordsRecipe(ArtifactRecipe):
                 f"turn_words on held-out conversations: {held_out}; expected AUC >= {MIN_AUC}: "
                 "the features or the data are wrong"
             )
-        inputs, outputs = describe_onnx(path)
-        return Sidecar(
-            model=self.name,
-            inputs=inputs,
-            outputs=outputs,
-            batch_axis=0,
-            opset=17,
+        return self.sidecar(
+            path,
             source={
                 f"{CHITCHAT[0]}=={CHITCHAT[1]}:{CHITCHAT[2]}": self.key_inputs()["chitchat"],
                 f"{CHATTERBOT[0]}=={CHATTERBOT[1]}:{CHATTERBOT[2]}/*.yml": "see key",

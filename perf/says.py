@@ -100,15 +100,7 @@ def _subject(judged_by: str) -> Variant:
     ("words": as before issue 44's fifth round) or also by the served MiniLM where its
     words speak to "you" without saying what about ("embedding"; avatar/llm/subject.py)."""
 
-    def variant(config: LocalConfig) -> LocalConfig:
-        fields = dataclasses.asdict(config.llm.grounding) | {"subject": judged_by}
-        config = _grounding(config, **fields)
-        if judged_by == "embedding":
-            llm = dataclasses.replace(config.llm, embed=_embedding_model())
-            config = dataclasses.replace(config, llm=llm)
-        return config
-
-    return variant
+    return _grounded({"subject": judged_by}, embeds=judged_by == "embedding")
 
 
 def _candidates(agreement: str, choose_after: str = "sentence") -> Variant:
@@ -116,11 +108,16 @@ def _candidates(agreement: str, choose_after: str = "sentence") -> Variant:
     TTS) decoded as CANDIDATES candidates side by side and the one that agrees best with
     the sources kept (`agreement`: "words", "embedding")."""
 
+    changes = {"candidates": CANDIDATES, "agreement": agreement, "choose_after": choose_after}
+    return _grounded(changes, embeds=agreement == "embedding")
+
+
+def _grounded(changes: dict, embeds: bool) -> Variant:
+    """The served grounding with `changes`; `embeds`: the turn gets the MiniLM they need."""
+
     def variant(config: LocalConfig) -> LocalConfig:
-        fields = dataclasses.asdict(config.llm.grounding)
-        fields.update(candidates=CANDIDATES, agreement=agreement, choose_after=choose_after)
-        config = _grounding(config, **fields)
-        if agreement == "embedding":
+        config = _grounding(config, **(dataclasses.asdict(config.llm.grounding) | changes))
+        if embeds:
             llm = dataclasses.replace(config.llm, embed=_embedding_model())
             config = dataclasses.replace(config, llm=llm)
         return config

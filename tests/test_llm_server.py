@@ -262,3 +262,23 @@ def test_llm_decoder_steps_of_unknown_or_ended_sequences_are_clear_errors(grpc_u
     assert error and "one token" in error
     _, error = decoder_step(grpc_url, 7103, [42], 2, end=True)  # the sequence survived
     assert error is None
+
+
+def test_a_question_the_words_miss_is_judged_by_the_served_minilm(triton_server):
+    """The served grounding's `"subject": "embedding"`: a question that speaks to the avatar
+    in words the rules do not know ("How do people refer to you?") is judged by the served
+    MiniLM, which the `llm` model calls through BLS; one that does not say "you" is not."""
+    from serving.gauges import metrics, summed_by
+
+    def minilm_requests() -> float:
+        values = metrics(triton_server.metrics_url, ["nv_inference_request_success"])
+        return summed_by(values, "nv_inference_request_success").get("emotion_encoder", 0.0)
+
+    short = {"temperature": 0, "max_tokens": 8}
+    counts = [minilm_requests()]
+    for question in ("Where is the spa?", "How do people refer to you?"):
+        _, error = chat(triton_server.grpc_url, [{"role": "user", "content": question}], "", short)
+        assert error is None, error
+        counts.append(minilm_requests())
+    assert counts[1] == counts[0], "a question that does not speak to the avatar was embedded"
+    assert counts[2] > counts[1], "the question the words miss was not judged by MiniLM"

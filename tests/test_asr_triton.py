@@ -295,7 +295,8 @@ def test_captions_wait_behind_level_one_and_each_pass_kind_is_counted(triton_ser
     """The gateway's passes carry a priority level (captions 2, the others 1: the asr
     config's priority_levels) and their kind as the request parameter "pass"; the model
     counts its execution time per kind on /metrics (python -m perf turn-cost reads it). A
-    level the model does not have is served at its default level."""
+    level the model does not have is served at its default level. Its transcriptions in
+    flight are a gauge too, back at 0 once they are answered (a server's stop waits for it)."""
     import urllib.request
 
     import tritonclient.grpc as grpcclient
@@ -303,13 +304,15 @@ def test_captions_wait_behind_level_one_and_each_pass_kind_is_counted(triton_ser
     from avatar.pipeline.priority import CAPTIONS, FIRST_AUDIO
     from gateway.metrics import parse
 
+    in_flight = 'avatar_active{model="asr",what="requests"}'  # what a stop drains
+
     def counted() -> dict[str, float]:
         with urllib.request.urlopen(triton_server.metrics_url, timeout=10) as response:
             values = parse(response.read().decode())
         return {
             kind: values.get(f'avatar_asr_passes_total{{model="asr",pass="{kind}"}}', 0.0)
             for kind in ("caption", "pause", "final")
-        }
+        } | {"in flight": values.get(in_flight, -1.0)}
 
     audio = clips(1)[0].audio.reshape(1, -1)
     client = grpcclient.InferenceServerClient(triton_server.grpc_url)
@@ -322,4 +325,6 @@ def test_captions_wait_behind_level_one_and_each_pass_kind_is_counted(triton_ser
         texts.append(result.as_numpy("text")[0, 0].decode().strip())
     after = counted()
     assert len(set(texts)) == 1 and texts[0]
+    assert after.pop("in flight") == 0.0, f"{in_flight} is not reported, or not back to 0"
+    before.pop("in flight")
     assert {k: after[k] - before[k] for k in after} == {"caption": 1, "pause": 1, "final": 1}

@@ -114,9 +114,12 @@ class Fusion:
     # a 1.5-s pause after unfinished words is kept; finished words the model doubts wait
     # this long (their p95), so no longer than that needs
     unfinished_silence_s: float = 1.8
+    # the audio at or above this: the words' doubt does not hold the turn (the score or the
+    # silence rule decides); 1.0: words below `unfinished_below` always hold
+    audio_sure_at: float = 1.0
 
     def __post_init__(self) -> None:
-        for name in ("words_weight", "complete_at", "unfinished_below"):
+        for name in ("words_weight", "complete_at", "unfinished_below", "audio_sure_at"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {value}")
@@ -260,7 +263,7 @@ class ModelEndpointer(Endpointer):
 
     def _fused(self, audio: float, words: float) -> list[EndpointEvent]:
         fusion = self.fusion
-        if words < fusion.unfinished_below:
+        if words < fusion.unfinished_below and audio < fusion.audio_sure_at:
             # unfinished words outvote the audio: Smart Turn hears more silence as more
             # finished, so a later ask in the same pause would otherwise cut them off
             self.hold = max(self.hold, self.unfinished_silence)

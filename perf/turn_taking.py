@@ -144,6 +144,24 @@ def fused_strategies(words: str = "turn_words") -> list[Strategy]:
     ]
 
 
+def audio_sure_strategies(sure_at: Sequence[float]) -> list[Strategy]:
+    """The served default with the words' hold lifted where the audio is this sure
+    (`--audio-sure-at`: avatar.end_of_turn.Fusion.audio_sure_at)."""
+    from avatar.end_of_turn import Fusion, ModelEndpointer
+
+    scorer = WORD_SCORERS["turn_words"]()
+
+    def strategy(at: float) -> Strategy:
+        fusion = Fusion(audio_sure_at=at)
+        return (
+            f"fused audio sure at {at:g}",
+            lambda: ModelEndpointer(pause_s=PAUSE_S, fusion=fusion),
+            scorer,
+        )
+
+    return [strategy(at) for at in sure_at]
+
+
 def served_default() -> Strategy:
     """The served default (the regression, `Fusion()`, the served timing): the row another
     words scorer is measured beside in the same run."""
@@ -659,6 +677,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="only compare words scorers on the material's true words (no ASR): "
         + ", ".join(sorted(WORD_SCORERS)),
     )
+    parser.add_argument(
+        "--audio-sure-at",
+        nargs="*",
+        type=float,
+        default=[],
+        help="also the served default, and it with the words' hold lifted where the audio "
+        "model is at least this sure (each value its own strategy)",
+    )
     parser.add_argument("--out", type=Path, default=OUT)
     parser.set_defaults(func=command)
 
@@ -690,6 +716,8 @@ def command(args: argparse.Namespace) -> int:
             strategies += fused_strategies(words)
             if isinstance(strategies[-1][2], Blend):
                 blends[words] = strategies[-1][2]
+    if args.audio_sure_at:
+        strategies += [served_default(), *audio_sure_strategies(args.audio_sure_at)]
     if args.fused and len(strategies) == 2:
         log.warning("--fused: no fused strategies in this tree (fused_strategies() is empty)")
     pauses = tuple(args.pauses)

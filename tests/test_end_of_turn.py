@@ -141,6 +141,29 @@ def test_fused_answers_end_hold_or_leave_the_turn_to_silence() -> None:
     assert [type(e) for _, e in events][-1] is Utterance
 
 
+def test_audio_sure_enough_lifts_the_words_hold() -> None:
+    """`audio_sure_at`: doubted words hold the turn unless the audio model is that sure;
+    then the score decides, or the silence rule (0.7 s), not the 2-s hold."""
+    fusion = Fusion(words_weight=0.5, complete_at=0.6, unfinished_below=0.3,
+                    unfinished_silence_s=2.0, audio_sure_at=0.95)  # fmt: skip
+    endpointer = ModelEndpointer(fusion=fusion)
+    _speak(endpointer, SPEECH + [0.0] * ASKS[0])
+    assert endpointer.decide(0.94, 1, "Can you tell me.", words=0.1) == []  # held
+    assert endpointer.hold >= round(2.0 / CHUNK_S)
+    endpointer = ModelEndpointer(fusion=fusion, end_silence_s=0.7)
+    _speak(endpointer, SPEECH + [0.0] * ASKS[0])
+    assert endpointer.decide(0.99, 1, "Can you tell me.", words=0.1) == []  # score 0.545
+    _speak(endpointer, [0.0] * (ASKS[1] - ASKS[0]))
+    assert endpointer.decide(0.99, 1, "Can you tell me.", words=0.1) == []  # asked again
+    events = _speak(endpointer, [0.0] * (round(0.7 / CHUNK_S) - ASKS[1]))
+    assert [e.ended_by for _, e in events if isinstance(e, Utterance)] == ["silence"]
+    endpointer = ModelEndpointer(fusion=fusion)
+    _speak(endpointer, SPEECH + [0.0] * ASKS[0])
+    assert endpointer.decide(0.99, 1, "Where is the pool", words=0.25)[0].ended_by == "audio"
+    with pytest.raises(ValueError, match="audio_sure_at"):
+        Fusion(audio_sure_at=1.5)
+
+
 def test_without_a_words_answer_the_transcript_is_read_by_rule() -> None:
     endpointer = ModelEndpointer(fusion=Fusion(complete_at=0.01))
     _speak(endpointer, SPEECH + [0.0] * ASKS[0])

@@ -145,19 +145,12 @@ def _few_shot(config: LocalConfig) -> LocalConfig:
 @functools.cache
 def _embedding_model() -> Callable[[list[str]], np.ndarray]:
     """The served sentence embedding model (the knowledge retriever's MiniLM, the
-    `emotion_encoder` graph), in this process."""
-    import onnxruntime as ort
-
-    from avatar.animation.emotion_classifier import SentenceTokenizer
+    `emotion_encoder` graph), in this process, one thread."""
+    from avatar.pipeline.local import sentence_embedder
     from serving.served import served_onnx, served_parameters
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = options.inter_op_num_threads = 1
     # this graph's file only (local_models() would check every model's INT8 gate)
-    path = str(served_onnx(served_parameters("avatar")["emotion_model"]))
-    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-    tokenize = SentenceTokenizer()
-    return lambda texts: session.run(["embedding"], tokenize(texts))[0]
+    return sentence_embedder(served_onnx(served_parameters("avatar")["emotion_model"]))
 
 
 SERVED = GroundingConfig.from_json(served_parameters("llm")["grounding"])

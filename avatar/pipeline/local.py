@@ -82,7 +82,8 @@ def local_stages(models: LocalModels, config: LocalConfig | None = None) -> Iter
     config = config or LocalConfig()
     if config.llm.grounding.embeds and config.llm.embed is None and models.emotion_encoder:
         # the served MiniLM, as the `llm` model calls it through BLS
-        llm = dataclasses.replace(config.llm, embed=_embedder(models.emotion_encoder, config))
+        embed = sentence_embedder(models.emotion_encoder, config.threads)
+        llm = dataclasses.replace(config.llm, embed=embed)
         config = dataclasses.replace(config, llm=llm)
     tokenizer = Tokenizer(models.llm_decoder.parent)
     decoder: _SequenceAtATime | None = None
@@ -229,11 +230,12 @@ def _speaker(path: Path, threads: int) -> Callable[[str, TurnRequest], Iterator[
     return speak
 
 
-def _embedder(path: Path, config: LocalConfig) -> Callable[[list[str]], np.ndarray]:
-    """Texts -> sentence vectors by the emotion encoder's graph (MiniLM)."""
+def sentence_embedder(path: Path, threads: int = 1) -> Callable[[list[str]], np.ndarray]:
+    """Texts -> sentence vectors by the emotion encoder's graph (MiniLM): what the emotion,
+    the knowledge retriever and grounding's embedding judges read."""
     from avatar.animation.emotion_classifier import SentenceTokenizer
 
-    session, tokenize = _session(path, config.threads), SentenceTokenizer()
+    session, tokenize = _session(path, threads), SentenceTokenizer()
     return lambda texts: session.run(["embedding"], tokenize(texts))[0]
 
 
@@ -241,14 +243,11 @@ def local_knowledge(
     models: LocalModels, config: LocalConfig, count_tokens: TokenCounter = estimate_tokens
 ) -> KnowledgeBase:
     """`config.knowledge_dir`, embedded now by the emotion encoder's graph in this process."""
-    from avatar.animation.emotion_classifier import SentenceTokenizer
-
     if models.emotion_encoder is None or config.knowledge_dir is None:
         raise ValueError("knowledge needs a folder and the emotion_encoder graph")
-    session, tokenize = _session(models.emotion_encoder, config.threads), SentenceTokenizer()
     base = KnowledgeBase(
         config.knowledge_dir,
-        lambda texts: session.run(["embedding"], tokenize(texts))[0],
+        sentence_embedder(models.emotion_encoder, config.threads),
         config.knowledge,
         count_tokens=count_tokens,
     )
@@ -257,12 +256,9 @@ def local_knowledge(
 
 
 def _feeler(path: Path, threads: int) -> Callable[[str], tuple[str, float]]:
-    from avatar.animation.emotion_classifier import EmotionClassifier, SentenceTokenizer
+    from avatar.animation.emotion_classifier import EmotionClassifier
 
-    session, tokenize = _session(path, threads), SentenceTokenizer()
-    classifier = EmotionClassifier.load(
-        encoder=lambda sentences: session.run(["embedding"], tokenize(sentences))[0]
-    )
+    classifier = EmotionClassifier.load(encoder=sentence_embedder(path, threads))
 
     def feel(text: str) -> tuple[str, float]:
         emotion = classifier.predict(text)

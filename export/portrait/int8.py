@@ -24,13 +24,12 @@ import argparse
 import dataclasses
 import json
 import logging
-import time
 from pathlib import Path
 
 import numpy as np
 
 from evals.frames import ssim
-from evals.gate import side_by_side
+from evals.gate import side_by_side, timed_ms
 from export.common import ensure, onnx_session
 from export.quantize import quantize_qdq
 
@@ -115,9 +114,7 @@ def measure(folder: Path, out: Path) -> list[dict]:
 
         def call_ms(name: str, batch: int, sessions=sessions) -> float:
             feed = {k: v[:batch] for k, v in inputs.items()}
-            started = time.perf_counter()
-            sessions[name].run(None, feed)
-            return 1000 * (time.perf_counter() - started)
+            return timed_ms(lambda: sessions[name].run(None, feed))
 
         row["speed_1_thread"] = side_by_side(call_ms, rounds=RUNS, warmup=True)
         log.info("%s", row)

@@ -24,6 +24,10 @@ def test_a_level_row_counts_the_critical_path_only():
     assert row["first_audio_ms"]["p50"] == 1050.0
     assert row["first_audio_ms"]["p95"] == 1900.0
     assert set(row["stage_p50_ms"]) == set(chain.CRITICAL_PATH)
+    # the transcript at a pause is the ASR encoder and decoder, not the rest of the path
+    share = 2 / len(chain.CRITICAL_PATH)
+    assert row["transcript_ms"]["p50"] == round(1050.0 * share, 3)
+    assert row["turn_detector_ms"]["p95"] == round(1900.0 / len(chain.CRITICAL_PATH), 3)
 
 
 def test_the_largest_level_within_the_limit_skips_failed_levels():
@@ -41,7 +45,7 @@ def test_the_largest_level_within_the_limit_skips_failed_levels():
     assert gpu_capacity.largest_within([row(1, 2500)]) is None
     assert gpu_capacity.largest_within([row(1, 700), row(2, 700, ["boom"])]) == 1
     lines = gpu_capacity.format_table(rows)
-    assert lines[2] == "| 1 | 10 | 1.00 | 350 | 700 | 0 |"
+    assert lines[2] == "| 1 | 10 | 1.00 | 350 | 700 | nan / nan | nan / nan | 0 |"
     assert lines[-1].endswith(": 4")
 
 

@@ -32,6 +32,7 @@ from perf.gpu_stages.served import ROOT, model_stats, run_chain, serving
 from perf.gpu_stages.timing import summary
 
 OUT = ROOT / "build/perf/gpu_stages/capacity.json"
+TRANSCRIPT = ("asr_encoder", "asr_decoder")  # the chain's stages that make a transcript
 LIMIT_MS = 2000.0
 
 
@@ -105,6 +106,12 @@ def summarise_level(sessions: int, answer: dict[str, Any]) -> dict[str, Any]:
             label: summary([t["ms"].get(label, 0.0) for t in turns])["p50"]
             for label in chain.CRITICAL_PATH
         }
+        # what the end of turn waits for at a pause (perf turn-taking --transcript-ms,
+        # --ask-latency-ms): the transcript of the audio so far, and the audio model's answer
+        row["transcript_ms"] = summary(
+            [sum(t["ms"].get(s, 0.0) for s in TRANSCRIPT) for t in turns]
+        )
+        row["turn_detector_ms"] = summary([t["ms"].get("turn_detector", 0.0) for t in turns])
     return row
 
 
@@ -149,14 +156,18 @@ def stats_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, dict
 def format_table(rows: list[dict[str, Any]], limit_ms: float = LIMIT_MS) -> list[str]:
     """Markdown lines: one per level, then the largest level within the limit."""
     lines = [
-        "| sessions | turns | turns/s | first audio p50 (ms) | p95 (ms) | errors |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| sessions | turns | turns/s | first audio p50 (ms) | p95 (ms) | transcript p50 / p95 "
+        "(ms) | turn_detector p50 / p95 (ms) | errors |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    nan = {"p50": float("nan"), "p95": float("nan")}
     for row in rows:
-        fa = row.get("first_audio_ms", {"p50": float("nan"), "p95": float("nan")})
+        fa = row.get("first_audio_ms", nan)
+        asr, td = row.get("transcript_ms", nan), row.get("turn_detector_ms", nan)
         lines.append(
             f"| {row['sessions']} | {row['turns']} | {row['turns_per_s']:.2f} | "
-            f"{fa['p50']:.0f} | {fa['p95']:.0f} | {len(row['errors'])} |"
+            f"{fa['p50']:.0f} | {fa['p95']:.0f} | {asr['p50']:.0f} / {asr['p95']:.0f} | "
+            f"{td['p50']:.1f} / {td['p95']:.1f} | {len(row['errors'])} |"
         )
     best = largest_within(rows, limit_ms)
     lines.append(f"largest level with first-audio p95 <= {limit_ms / 1000:g} s: {best}")

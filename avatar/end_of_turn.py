@@ -18,6 +18,7 @@ extend my stay" is protected).
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
@@ -98,6 +99,11 @@ UNSURE_SILENCE_S = 1.0  # words Whisper wrote without an end mark
 ANSWER_WAIT_S = 1.2
 
 
+def _logit(p: float, eps: float = 1e-4) -> float:
+    p = min(max(p, eps), 1.0 - eps)
+    return math.log(p / (1.0 - p))
+
+
 @dataclasses.dataclass(frozen=True)
 class Fusion:
     """How the audio's and the words' answers combine (chosen on the development split of
@@ -110,21 +116,41 @@ class Fusion:
 
     words_weight: float = 0.7
     complete_at: float = 0.5
-    unfinished_below: float = 0.65
+    unfinished_below: float = 0.8
     # a 1.5-s pause after unfinished words is kept; finished words the model doubts wait
     # this long (their p95), so no longer than that needs
     unfinished_silence_s: float = 1.8
     # the audio at or above this: the words' doubt does not hold the turn (the score or the
     # silence rule decides); 1.0: words below `unfinished_below` always hold
     audio_sure_at: float = 1.0
+    # the words' answer is turn_words' and Whisper's own (its probability of an end mark
+    # after the last word it wrote: it hears how the words were said), averaged in logit
+    # space with this weight on Whisper's; 0: turn_words' alone. The served `asr` model
+    # always gives it where a transcript has a word.
+    end_mark_weight: float = 0.7
 
     def __post_init__(self) -> None:
-        for name in ("words_weight", "complete_at", "unfinished_below", "audio_sure_at"):
+        for name in (
+            "words_weight",
+            "complete_at",
+            "unfinished_below",
+            "audio_sure_at",
+            "end_mark_weight",
+        ):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {value}")
         if self.unfinished_silence_s <= 0:
             raise ValueError(f"unfinished_silence_s must be > 0, got {self.unfinished_silence_s}")
+
+    def words(self, words: float | None, end_mark: float | None) -> float | None:
+        """The words' probability that the turn is finished: turn_words' (`words`) with
+        Whisper's end mark (`end_mark`, avatar.asr.greedy.WindowResult.end_probability)."""
+        if words is None or end_mark is None or self.end_mark_weight == 0.0:
+            return words
+        a = self.end_mark_weight
+        logit = (1.0 - a) * _logit(words) + a * _logit(end_mark)
+        return 1.0 / (1.0 + math.exp(-logit))
 
     def score(self, audio: float, words: float) -> float:
         return self.words_weight * words + (1.0 - self.words_weight) * audio
@@ -221,11 +247,14 @@ class ModelEndpointer(Endpointer):
         pause: int,
         text: str | None = None,
         words: float | None = None,
+        end_mark: float | None = None,
     ) -> list[EndpointEvent]:
         """The answers about pause number `pause` -> [Utterance] when the turn is complete,
         else [] (an answer about an earlier pause is ignored). `probability`: the audio's
         (turn_detector); `text`: the transcript at that pause (None: speculation off);
-        `words`: the words' probability (turn_words, on that transcript; None: no answer).
+        `words`: the words' probability (turn_words, on that transcript; None: no answer);
+        `end_mark`: Whisper's probability of an end mark after that transcript's last word
+        (read with `words` as `Fusion.words` says; None: not given).
         With both, `Fusion` decides. With a transcript but no words' answer (a server
         without turn_words), the transcript is read by rule: unfinished words ("Can you
         tell me where the") let the speaker pause up to `incomplete_silence_s`, finished
@@ -236,7 +265,7 @@ class ModelEndpointer(Endpointer):
         if pause != self.pauses or not self.asking or detector.start is None:
             return []  # speech resumed (or the turn already ended) since it was asked
         self.outstanding = max(0, self.outstanding - 1)
-        events = self._answer(probability, text, words)
+        events = self._answer(probability, text, self.fusion.words(words, end_mark))
         if self.asking:  # not ended: the silence this answer allows
             self._apply()
         return events

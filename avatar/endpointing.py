@@ -95,10 +95,11 @@ class TurnEndStrategy(Protocol):
         pause: int,
         text: str | None = None,
         words: float | None = None,
+        end_mark: float | None = None,
     ) -> list[EndpointEvent]:
         """The end-of-turn models' answers to an `AskTurnModel`: the audio's probability
-        (None: the ask failed), the transcript at that pause and the words' probability,
-        when there are ones -> what they changed."""
+        (None: the ask failed), the transcript at that pause, the words' probability and
+        Whisper's end mark after the transcript, when there are ones -> what they changed."""
 
 
 class Endpointer:
@@ -146,6 +147,7 @@ class Endpointer:
         pause: int,
         text: str | None = None,
         words: float | None = None,
+        end_mark: float | None = None,
     ) -> list[EndpointEvent]:
         return []  # silence alone decides: never asks
 

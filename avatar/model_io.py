@@ -271,6 +271,9 @@ ASR = ModelIO(
         ("segment_times", "FP32", (-1, 2), ARRAY, False),
         ("segment_texts", "BYTES", (-1,), STRINGS, False),
         ("tokens", "INT32", (-1,), ARRAY, False),
+        # Whisper's probability of an end mark after the last word (NaN: no word), which
+        # the gateway's end of turn reads with the words (avatar.end_of_turn.Fusion.words)
+        ("end_probability", "FP32", (1,), SCALAR, False),
     ),
     batched=True,
 )

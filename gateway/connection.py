@@ -94,7 +94,7 @@ class Connection:
         budget.track(self.turns)
         self.asks = TurnAsks(
             lambda audio: triton.turn_complete(audio, session=self.turns.affinity),
-            self.hearing.pause_text,
+            self.hearing.pause_heard,
             self._answered,
             lambda text: triton.words_finished(text, session=self.turns.affinity),
         )
@@ -231,11 +231,16 @@ class Connection:
                 )
 
     async def _answered(
-        self, probability: float | None, pause: int, text: str | None, words: float | None
+        self,
+        probability: float | None,
+        pause: int,
+        text: str | None,
+        words: float | None,
+        end_mark: float | None,
     ) -> None:
         """The end-of-turn models' answers: in order with the chunks (they may end the turn)."""
         async with self._vad_lock:
-            for event in self.endpointer.decide(probability, pause, text, words):
+            for event in self.endpointer.decide(probability, pause, text, words, end_mark):
                 await self._on_endpoint(event)
 
     async def _utterance(self, audio: np.ndarray, ended_by: str) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import numpy as np
 
@@ -20,6 +21,13 @@ from avatar.endpointing import AskTurnModel, Endpointer, TurnEndStrategy
 from gateway.options import STRATEGIES, SessionOptions
 
 log = logging.getLogger(__name__)
+
+
+class Heard(Protocol):
+    """What a pause's pass heard (gateway.hearing.AtPause)."""
+
+    text: str
+    end_probability: float | None
 
 
 def endpointer(options: SessionOptions) -> TurnEndStrategy:
@@ -47,18 +55,20 @@ def endpointer(options: SessionOptions) -> TurnEndStrategy:
 
 class TurnAsks:
     """One session's questions to the end-of-turn models: `ask(event)` runs
-    `probability(audio)` (turn_detector) in a task, waits for `transcript()` (the
-    speculative transcript at the pause, which the turn waits for anyway: None without
-    one), asks `words(text)` (turn_words) about it, and hands all three to
-    `answered(probability, pause, text, words)`. A failed audio ask answers None (the
-    silence rule decides); a failed words ask leaves the words to the endpointer's rule.
-    Each kind of failure is logged once per session."""
+    `probability(audio)` (turn_detector) in a task, waits for `transcript()` (what the
+    speculative pass at the pause heard, which the turn waits for anyway: None without
+    one), asks `words(text)` (turn_words) about its text, and hands them and Whisper's end
+    mark after the text to `answered(probability, pause, text, words, end_mark)`. A failed
+    audio ask answers None (the silence rule decides); a failed words ask leaves the words
+    to the endpointer's rule. Each kind of failure is logged once per session."""
 
     def __init__(
         self,
         probability: Callable[[np.ndarray], Awaitable[float]],
-        transcript: Callable[[], Awaitable[str | None]],
-        answered: Callable[[float | None, int, str | None, float | None], Awaitable[None]],
+        transcript: Callable[[], Awaitable[Heard | None]],
+        answered: Callable[
+            [float | None, int, str | None, float | None, float | None], Awaitable[None]
+        ],
         words: Callable[[str], Awaitable[float | None]] | None = None,
     ) -> None:
         self.probability, self.transcript, self.answered = probability, transcript, answered
@@ -85,10 +95,12 @@ class TurnAsks:
         except Exception as error:  # no answer: the silence rule ends the turn
             self._failed("turn_detector", error, "the silence rule decides")
             self.answerless = True
-            await self.answered(None, event.pause, None, None)  # the endpointer waits no more
+            await self.answered(None, event.pause, None, None, None)  # it waits no more
             return
         self.answerless = False
-        text = await self.transcript()
+        heard = await self.transcript()
+        text = None if heard is None else heard.text
+        end_mark = None if heard is None else heard.end_probability
         words = None
         if text is not None and self.words is not None and "turn_words" not in self.failed:
             try:
@@ -96,13 +108,14 @@ class TurnAsks:
             except Exception as error:
                 self._failed("turn_words", error, "the transcript is read by rule")
         log.debug(
-            "end of turn: pause %d, audio %.2f, words %s, text %r",
+            "end of turn: pause %d, audio %.2f, words %s, end mark %s, text %r",
             event.pause,
             probability,
             "-" if words is None else f"{words:.2f}",
+            "-" if end_mark is None else f"{end_mark:.2f}",
             text,
         )
-        await self.answered(probability, event.pause, text, words)
+        await self.answered(probability, event.pause, text, words, end_mark)
 
     def close(self) -> None:
         for task in self.tasks:

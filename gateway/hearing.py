@@ -96,6 +96,7 @@ class AtPause:
     text: str
     prefix_tokens: int = 0  # the transcript started from what the passes agreed on
     turn: Turn | None = None
+    end_probability: float | None = None  # Whisper's end mark after its last word
 
 
 class Hearing:
@@ -203,19 +204,19 @@ class Hearing:
             self.language = heard.language  # heard over a whole utterance: the passes'
         if asyncio.current_task() is self.at_pause:  # the end of speech is not yet confirmed
             await self._caption(text, audio, at_pause=True)
-        result = AtPause(text, len(prefix))
+        result = AtPause(text, len(prefix), end_probability=heard.end_probability)
         if text and self.hold is not None:
             result.turn = self.hold(text, len(prefix))
         return result
 
-    async def pause_text(self) -> str | None:
-        """The transcript of the current pause's pass, once it is done (None: no pass, or
-        it was dropped or failed). Waiting for it does not cancel it."""
+    async def pause_heard(self) -> AtPause | None:
+        """What the current pause's pass heard, once it is done (None: no pass, or it was
+        dropped or failed). Waiting for it does not cancel it."""
         task = self.at_pause
         if task is None:
             return None
         try:
-            return (await asyncio.shield(task)).text
+            return await asyncio.shield(task)
         except asyncio.CancelledError:
             if task.cancelled():
                 return None  # the pass was dropped: speech resumed

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
@@ -25,7 +26,7 @@ from avatar.vad import VadStream
 
 # the page draws the face from the blendshapes: no pixels over the socket
 TURN_OUTPUTS = tuple(name for name in schema.OUTPUTS if name != "video")
-ASR_OUTPUTS = ("text", "tokens", "detected_language")
+ASR_OUTPUTS = ("text", "tokens", "detected_language", "end_probability")
 log = logging.getLogger(__name__)
 
 
@@ -62,6 +63,7 @@ class Transcript:
     text: str
     tokens: list[int]  # Whisper's, for the agreed prefix of the next pass
     language: str  # detected, or the one asked for
+    end_probability: float | None = None  # Whisper's end mark after the last word
 
 
 def _inputs(arrays: Mapping[str, np.ndarray]) -> list:
@@ -241,7 +243,9 @@ class TritonClient:
         )
         heard = ASR.read_response(_arrays(result, ASR))
         tokens = [int(t) for t in heard["tokens"].reshape(-1)]
-        return Transcript(heard["text"], tokens, heard["detected_language"])
+        end = heard.get("end_probability")
+        end = None if end is None or math.isnan(end) else float(end)
+        return Transcript(heard["text"], tokens, heard["detected_language"], end)
 
     async def sessions_accepted(self, token: str) -> bool:
         """Whether the `avatar` model accepts a session `token` this gateway signed: a turn

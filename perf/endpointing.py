@@ -65,30 +65,41 @@ HALVES = (
 
 
 # (utterance at the ask, utterance at the pause) -> (p(turn complete) of the first, the
-# transcript of the second or None, seconds the transcript took): the gateway's asks read
-# the transcript its pass at the pause (SpeechPaused) made, as gateway/hearing.py does
-Ask = Callable[[np.ndarray, np.ndarray], tuple[float, str | None, float]]
+# transcript of the second or None, seconds the transcript took, Whisper's end mark after
+# its last word or None): the gateway's asks read the transcript its pass at the pause
+# (SpeechPaused) made, as gateway/hearing.py does
+Ask = Callable[[np.ndarray, np.ndarray], tuple[float, str | None, float, float | None]]
+# audio -> (its transcript, Whisper's probability of an end mark after its last word)
+Transcribe = Callable[[np.ndarray], tuple[str, float | None]]
 Scorer = Callable[[str], float | None]  # transcript -> p(the words are a finished turn)
 
 
 class Answers:
     """What the gateway would hear back at an ask, computed once per distinct audio (the
     same audio comes back at each pause length and for each strategy): Smart Turn's
-    probability of the audio at the ask, the transcript of the audio at the pause and the
-    seconds it took; and each scorer's words probability once per transcript."""
+    probability of the audio at the ask, the transcript of the audio at the pause, the
+    seconds it took and its end mark's probability; and each scorer's words probability
+    once per transcript. `transcript_s`: every transcript takes this long (another
+    machine's figure, e.g. the GPU path's: perf gpu-stages --sessions) instead of the
+    time it took here."""
 
     def __init__(
-        self, detector, transcribe: Callable[[np.ndarray], str], saved: Path | None = None
+        self,
+        detector,
+        transcribe: Transcribe,
+        saved: Path | None = None,
+        transcript_s: float | None = None,
     ):
         self.detector, self.transcribe, self.saved = detector, transcribe, saved
+        self.transcript_s = transcript_s
         self.probabilities: dict[str, float] = {}
-        self.transcripts: dict[str, tuple[str, float]] = {}
+        self.transcripts: dict[str, tuple[str, float, float | None]] = {}
         if saved is not None and saved.is_file():  # a rerun with other strategies
-            for key, (p, text, took) in json.loads(saved.read_text()).items():
+            for key, (p, text, took, *end) in json.loads(saved.read_text()).items():
                 if p is not None:
                     self.probabilities[key] = p
-                if text is not None:
-                    self.transcripts[key] = (text, took)
+                if text is not None and end:  # a file from before the end mark: again
+                    self.transcripts[key] = (text, took, end[0])
         self.scored: dict[tuple[int, str], tuple[float | None, float]] = {}
         self.calls = Counter[str]()
 
@@ -108,17 +119,21 @@ class Answers:
             self.probabilities[key] = float(p.reshape(-1)[0])
         return self.probabilities[key]
 
-    def transcript(self, audio: np.ndarray) -> tuple[str, float]:
-        """(the transcript of `audio`, the seconds it took the first time)."""
+    def transcript(self, audio: np.ndarray) -> tuple[str, float, float | None]:
+        """(the transcript of `audio`, the seconds it took the first time or
+        `transcript_s`, Whisper's end mark after its last word)."""
         key = self._key(audio)
         if key not in self.transcripts:
             self.calls["transcripts"] += 1
             started = time.monotonic()
-            text = self.transcribe(audio)
-            self.transcripts[key] = (text, time.monotonic() - started)
-        return self.transcripts[key]
+            text, end_mark = self.transcribe(audio)
+            self.transcripts[key] = (text, time.monotonic() - started, end_mark)
+        text, took, end_mark = self.transcripts[key]
+        return text, took if self.transcript_s is None else self.transcript_s, end_mark
 
-    def __call__(self, audio: np.ndarray, at_pause: np.ndarray) -> tuple[float, str, float]:
+    def __call__(
+        self, audio: np.ndarray, at_pause: np.ndarray
+    ) -> tuple[float, str, float, float | None]:
         self.calls["asks"] += 1
         return self.probability(audio), *self.transcript(at_pause)
 
@@ -126,8 +141,8 @@ class Answers:
         if self.saved is None:
             return
         saved = {k: [p, None, None] for k, p in self.probabilities.items()}
-        for k, (text, took) in self.transcripts.items():
-            saved[k] = [self.probabilities.get(k), text, took]
+        for k, (text, took, end_mark) in self.transcripts.items():
+            saved[k] = [self.probabilities.get(k), text, took, end_mark]
         self.saved.parent.mkdir(parents=True, exist_ok=True)
         self.saved.write_text(json.dumps(saved))
 
@@ -149,9 +164,9 @@ class Answers:
         if scorer is None:
             return self
 
-        def ask(audio: np.ndarray, at_pause: np.ndarray) -> tuple[float, str, float]:
-            p, text, took = self(audio, at_pause)
-            return p, text, took + self.words(scorer, text)[1]
+        def ask(audio: np.ndarray, at_pause: np.ndarray) -> tuple[float, str, float, float | None]:
+            p, text, took, end_mark = self(audio, at_pause)
+            return p, text, took + self.words(scorer, text)[1], end_mark
 
         return ask
 
@@ -221,7 +236,8 @@ def endpoint_events(
     from avatar.endpointing import AskTurnModel, SpeechPaused, SpeechResumed
     from avatar.vad import CHUNK_S
 
-    answers: list[tuple[int, float, int, str | None]] = []  # (due chunk, p, pause, text)
+    # (due chunk, p, pause, text, end mark)
+    answers: list[tuple[int, float, int, str | None, float | None]] = []
     paused: tuple[int, np.ndarray] | None = None  # the pause's chunk and audio
     for index, prob in enumerate(probs):
         events = endpointer.step(frames[index], float(prob))
@@ -234,15 +250,16 @@ def endpoint_events(
                 continue
             assert ask is not None, "the model strategy needs `ask`"
             since, at_pause = paused or (index, event.audio)
-            p, text, took = ask(event.audio, at_pause)
+            p, text, took, end_mark = ask(event.audio, at_pause)
             due = max(
                 index + int(np.ceil(ask_latency_s / CHUNK_S)),
                 since + int(np.ceil(took / CHUNK_S)),
             )
-            answers.append((due, p, event.pause, text))
+            answers.append((due, p, event.pause, text, end_mark))
         for answer in [a for a in answers if a[0] <= index]:
             answers.remove(answer)
-            events += endpointer.decide(*answer[1:])
+            _, p, pause, text, end_mark = answer
+            events += endpointer.decide(p, pause, text, end_mark=end_mark)
         yield index, events
 
 
@@ -326,7 +343,7 @@ def run(
     return rows
 
 
-def _transcriber(language: str | None = None) -> Callable[[np.ndarray], str]:
+def _transcriber(language: str | None = None) -> Transcribe:
     """The served ASR's transcript, in-process (the speculative pass at the pause);
     `language`: the session's, once an utterance told it (None: detected per pass)."""
     import dataclasses
@@ -348,7 +365,12 @@ def _transcriber(language: str | None = None) -> Callable[[np.ndarray], str]:
     if language is not None:
         decode = dataclasses.replace(options.decode, language=language)
         options = dataclasses.replace(options, decode=decode)
-    return lambda audio: transcribe(runtime, vocab, [audio], options)[0].text
+
+    def heard(audio: np.ndarray) -> tuple[str, float | None]:
+        transcript = transcribe(runtime, vocab, [audio], options)[0]
+        return transcript.text, transcript.end_probability
+
+    return heard
 
 
 def markdown(rows: list[dict]) -> str:

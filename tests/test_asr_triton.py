@@ -28,6 +28,9 @@ def grpc_url(triton_server) -> str:
     return triton_server.grpc_url
 
 
+END = "end_probability"
+
+
 def _infer(
     url: str,
     audio: np.ndarray,
@@ -84,8 +87,26 @@ def test_forced_language_and_resampled_input(grpc_url):
 
 
 def test_silence_is_an_empty_transcript(grpc_url):
-    result = _infer(grpc_url, np.zeros(16000, np.float32))
+    result = _infer(grpc_url, np.zeros(16000, np.float32), names=("text", "segment_times", END))
     assert result["text"][0, 0] == b"" and result["segment_times"].shape == (1, 0, 2)
+    assert np.isnan(result[END]).all()  # no word: no end mark to weigh
+
+
+def test_the_end_mark_after_a_head_is_unlikely_and_after_a_question_likely(grpc_url):
+    """The served `end_probability` (Whisper's end mark right after the last word, read by
+    the gateway's end of turn): low after "Can you tell me" although Whisper writes a
+    question mark there, high after the whole question."""
+    from evals import turn_taking
+
+    question = turn_taking.questions()[0]  # "Can you tell me" | "where the nearest ..."
+    audio, at = turn_taking.hesitating(turn_taking.VOICES[0], question.head, question.rest, 0.5)
+    silence = np.zeros(8000, np.float32)
+    head, whole = (
+        _infer(grpc_url, np.concatenate([part, silence]), language="en", names=("text", END))
+        for part in (audio[:at], audio)
+    )
+    assert head["text"][0, 0].decode().rstrip("?.") == question.head, head
+    assert head[END].shape == (1, 1) and head[END][0, 0] < 0.5 < whole[END][0, 0], (head, whole)
 
 
 @pytest.mark.parametrize(

@@ -164,6 +164,30 @@ def test_audio_sure_enough_lifts_the_words_hold() -> None:
         Fusion(audio_sure_at=1.5)
 
 
+def test_whisper_end_mark_is_read_with_the_words() -> None:
+    """`end_mark_weight`: the words' answer is turn_words' and Whisper's end mark averaged
+    in logit space; without either (or at weight 0) turn_words' alone."""
+    fusion = Fusion(end_mark_weight=0.5)
+    assert fusion.words(0.5, 0.9) == pytest.approx(0.75)  # logit 0 and logit(0.9) / 2 ...
+    assert fusion.words(0.9, 0.1) == pytest.approx(0.5)  # ... cancel out
+    assert fusion.words(0.4, None) == 0.4 and fusion.words(None, 0.9) is None
+    assert Fusion(end_mark_weight=0.0).words(0.4, 0.99) == 0.4
+    assert Fusion(end_mark_weight=1.0).words(0.01, 0.8) == pytest.approx(0.8)
+    # a doubted head ("can you tell me.", turn_words 0.55) that Whisper heard unfinished
+    # (end mark 0.1) is held; the same words heard as finished (0.95) end the turn
+    held = Fusion(words_weight=0.7, complete_at=0.5, unfinished_below=0.5, end_mark_weight=0.7)
+    endpointer = ModelEndpointer(fusion=held)
+    _speak(endpointer, SPEECH + [0.0] * ASKS[0])
+    assert endpointer.decide(0.9, 1, "Can you tell me.", words=0.55, end_mark=0.1) == []
+    assert endpointer.hold >= round(held.unfinished_silence_s / CHUNK_S)
+    endpointer = ModelEndpointer(fusion=held)
+    _speak(endpointer, SPEECH + [0.0] * ASKS[0])
+    (ended,) = endpointer.decide(0.9, 1, "Can you tell me.", words=0.55, end_mark=0.95)
+    assert isinstance(ended, Utterance) and ended.ended_by == "words"
+    with pytest.raises(ValueError, match="end_mark_weight"):
+        Fusion(end_mark_weight=-0.5)
+
+
 def test_without_a_words_answer_the_transcript_is_read_by_rule() -> None:
     endpointer = ModelEndpointer(fusion=Fusion(complete_at=0.01))
     _speak(endpointer, SPEECH + [0.0] * ASKS[0])

@@ -49,17 +49,26 @@ def test_each_pause_sits_where_its_head_ends() -> None:
 
 @pytest.mark.parametrize("index", [0, 10, 25])  # a verb, an opener, a subordinate clause
 def test_the_piper_head_ends_at_its_last_word(index: int) -> None:
-    """Whisper hears the head alone up to its last word, and the rest from its first."""
+    """Whisper hears the head alone up to its last word, and the rest from its first; its
+    end mark after the head is unlikely, after the whole question likely."""
     from perf.endpointing import _transcriber
 
     question = tt.questions()[index]
     voice = tt.VOICES[0]
     audio, at = tt.hesitating(voice, question.head, question.rest, 0.5)
     transcribe = _transcriber()
-    head = _words(transcribe(np.concatenate([audio[:at], np.zeros(8000, np.float32)])))
-    rest = _words(transcribe(audio[at:]))
+    silence = np.zeros(8000, np.float32)
+    (head_text, head_end), (whole_text, whole_end) = (
+        transcribe(np.concatenate([audio[:at], silence])),
+        transcribe(np.concatenate([audio, silence])),
+    )
+    head, rest = _words(head_text), _words(transcribe(audio[at:])[0])
     assert head[-1:] == _words(question.head)[-1:], (question, head)
     assert rest[:1] == _words(question.rest)[:1], (question, rest)
+    # Whisper hears the head as unfinished whatever mark it wrote, the question as finished
+    # (its end mark after the last word: avatar.asr.greedy.WindowResult.end_probability)
+    assert head_end is not None and whole_end is not None, (head_text, whole_text)
+    assert head_end < 0.5 < whole_end, (head_text, head_end, whole_text, whole_end)
 
 
 def test_silence_cuts_a_long_pause_and_not_a_short_one() -> None:

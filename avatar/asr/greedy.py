@@ -97,6 +97,10 @@ class WindowResult:
     no_speech_prob: float
     avg_logprob: float
     cancelled: bool = False  # the caller gave up on it: decoding stopped, tokens partial
+    # Whisper's probability of an end mark (". ? !") right after the last word it wrote:
+    # it hears the voice as well as the words, so a head ("can you tell me") gets little
+    # even where it wrote a full stop (avatar.end_of_turn.Fusion reads it). None: no word.
+    end_probability: float | None = None
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
@@ -208,6 +212,8 @@ def _decode(
     if options.temperature > 0:
         samplers = [np.random.default_rng(options.seed) for _ in range(batch)]
     sum_logprob = np.zeros(batch)
+    end_probability: list[float | None] = [None] * batch
+    ends = list(vocab.end_marks)
     for step in range(options.max_new_tokens - n_forced):
         if done.all():
             break
@@ -221,6 +227,10 @@ def _decode(
             max_timestamp_index=mel_shape[2] // FRAMES_PER_TIMESTAMP,
         )
         logprobs = log_softmax(masked)
+        for k in np.flatnonzero(~done):
+            last = sampled[k][-1] if sampled[k] else None
+            if last is not None and last < vocab.eot and last not in vocab.punctuation:
+                end_probability[k] = float(np.exp(logprobs[k, ends]).sum())  # after a word
         next_tokens = masked.argmax(-1) if samplers is None else _sample(masked, options, samplers)
         for k in range(batch):
             if done[k]:
@@ -243,6 +253,7 @@ def _decode(
             no_speech_prob=float(no_speech[k]),
             avg_logprob=float(sum_logprob[k] / (len(sampled[k]) - n_forced + 1)),
             cancelled=bool(dropped[k]),
+            end_probability=end_probability[k],
         )
         for k in range(batch)
     ]

@@ -65,10 +65,12 @@ def transcribe_long(
         for s in result.segments
     ]
     first = next((r for r in results if r.segments), results[0])  # reports its language
+    last = next((r for r in reversed(results) if r.end_probability is not None), None)
     return Transcript(
         text="".join(s.text for s in segments).strip(),
         language=first.language,
         language_probability=first.language_probability,
         segments=segments,
         duration=duration,
+        end_probability=None if last is None else last.end_probability,
     )

@@ -89,6 +89,7 @@ class Transcript:
     duration: float  # seconds of audio
     tokens: list[int] = dataclasses.field(default_factory=list)  # text and timestamps, all windows
     cancelled: bool = False  # the caller gave up on it; decoding stopped, the text is partial
+    end_probability: float | None = None  # of an end mark after its last word (WindowResult)
 
 
 def check_audio(
@@ -141,6 +142,7 @@ class _State:
     tokens: list[int] = dataclasses.field(default_factory=list)
     cancelled: Callable[[], bool] = lambda: False
     dropped: bool = False  # cancelled: no more windows
+    end_probability: float | None = None  # the last window's with words
 
 
 def split_segments(
@@ -227,6 +229,8 @@ def transcribe(
                 continue
             offset = state.seek * FRAME_SECONDS
             state.tokens += result.tokens
+            if result.end_probability is not None:
+                state.end_probability = result.end_probability
             pieces, state.seek = split_segments(result.tokens, vocab, offset, size, state.seek)
             for start, end, tokens in pieces:
                 text = vocab.decode(tokens)
@@ -241,6 +245,7 @@ def transcribe(
             duration=(s.mel.shape[1] - 1) * FRAME_SECONDS,
             tokens=s.tokens,
             cancelled=s.dropped,
+            end_probability=s.end_probability,
         )
         for s in states
     ]

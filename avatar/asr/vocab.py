@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import string
 from pathlib import Path
 
 from avatar.errors import RequestError
 
-LANGUAGE_IDS_FIRST = "<|en|>"  # languages run from <|en|> to the token before <|translate|>
+LANGUAGE_IDS_FIRST = "<|en|>"
+_PUNCTUATION = frozenset(
+    string.punctuation
+)  # languages run from <|en|> to the token before <|translate|>
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +35,8 @@ class WhisperVocab:
     suppress: tuple[int, ...]  # suppressed at every step (non-speech symbols, task tokens)
     suppress_begin: tuple[int, ...]  # suppressed at the first sampled token (blank, eot)
     tokenizer_path: Path
+    end_marks: tuple[int, ...] = ()  # ".", "?", "!" with and without a leading space
+    punctuation: frozenset[int] = frozenset()  # text tokens of punctuation only ("," "...")
 
     @property
     def timestamp_begin(self) -> int:
@@ -54,6 +60,13 @@ class WhisperVocab:
             "<|startoflm|>",
         )
         suppress = set(config.get("suppress_ids", [])) | {added[t] for t in task_tokens}
+        text = json.loads(Path(tokenizer_json).read_text(encoding="utf-8"))["model"]["vocab"]
+        marks = [text[t] for t in (".", "?", "!", "\u0120.", "\u0120?", "\u0120!") if t in text]
+        punctuation = {
+            i
+            for token, i in text.items()
+            if (bare := token.removeprefix("\u0120")) and _PUNCTUATION.issuperset(bare)
+        }
         return cls(
             eot=added["<|endoftext|>"],
             sot=added["<|startoftranscript|>"],
@@ -67,6 +80,8 @@ class WhisperVocab:
             suppress=tuple(sorted(suppress)),
             suppress_begin=tuple(config.get("suppress_ids_begin", [220, added["<|endoftext|>"]])),
             tokenizer_path=Path(tokenizer_json),
+            end_marks=tuple(sorted(marks)),
+            punctuation=frozenset(punctuation),
         )
 
     def language_id(self, language: str) -> int:

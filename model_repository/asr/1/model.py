@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
@@ -273,6 +274,7 @@ class TritonPythonModel:
             segment_times=np.array([[s.start, s.end] for s in result.segments]).reshape(-1, 2),
             segment_texts=[s.text.strip() for s in result.segments],
             tokens=result.tokens,
+            end_probability=math.nan if result.end_probability is None else result.end_probability,
         )
         tensors = [pb_utils.Tensor(name, array) for name, array in tensors.items()]
         return pb_utils.InferenceResponse(output_tensors=tensors)

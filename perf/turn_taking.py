@@ -757,7 +757,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="*",
         type=float,
         default=[],
-        help="also the served default, and it with the words' hold lifted where the audio "
+        help="also the served default with the words' hold lifted where the audio "
         "model is at least this sure (each value its own strategy)",
     )
     parser.add_argument(
@@ -765,7 +765,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="*",
         type=float,
         default=[],
-        help="also the served default, and its fusion grid with the words read together "
+        help="also the served default's fusion grid with the words read together "
         "with Whisper's end mark at each weight (Fusion.end_mark_weight)",
     )
     parser.add_argument(
@@ -797,19 +797,18 @@ def command(args: argparse.Namespace) -> int:
     unknown = set(families) - set(FAMILIES)
     if unknown:
         raise SystemExit(f"--voices: unknown families {sorted(unknown)} (of {FAMILIES})")
-    strategies, blends = default_strategies(), {}
+    # the served default always, every other strategy beside it in the same run
+    strategies, blends = [*default_strategies(), served_default()], {}
     if args.fused:
-        strategies.append(served_default())  # the grids are read beside it, same run
         for words in args.words_scorer:
             strategies += fused_strategies(words)
             if isinstance(strategies[-1][2], Blend):
                 blends[words] = strategies[-1][2]
     if args.audio_sure_at:
-        strategies += [served_default(), *audio_sure_strategies(args.audio_sure_at)]
+        strategies += audio_sure_strategies(args.audio_sure_at)
     if args.end_mark_weight:
-        strategies += [served_default(), *end_mark_strategies(args.end_mark_weight)]
-    strategies = list({label: (label, f, s) for label, f, s in strategies}.values())
-    if args.fused and len(strategies) == 2:
+        strategies += end_mark_strategies(args.end_mark_weight)
+    if args.fused and len(strategies) == 3:
         log.warning("--fused: no fused strategies in this tree (fused_strategies() is empty)")
     pauses = tuple(args.pauses)
     split = None if args.split == "both" else args.split

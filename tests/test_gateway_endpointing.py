@@ -79,3 +79,38 @@ def test_end_silence_is_a_live_setting_and_push_gives_the_utterance() -> None:
     chunk = np.zeros(CHUNK, np.float32)
     got = [endpointer.push(chunk, p) for p in [0.9] * 10 + [0.0] * 6]
     assert all(u is None for u in got[:-1]) and got[-1] is not None
+
+
+def test_a_pause_ask_hands_on_the_text_words_and_whisper_end_mark() -> None:
+    """gateway.endpointing.TurnAsks: the audio's answer, what the pause's pass heard (its
+    text and Whisper's end mark) and the words' answer on that text reach `answered`
+    together; a pass that heard nothing gives neither text nor end mark."""
+    import asyncio
+
+    from avatar.endpointing import AskTurnModel
+    from gateway.endpointing import TurnAsks
+    from gateway.hearing import AtPause
+
+    async def run(heard: AtPause | None) -> list[tuple]:
+        answers: list[tuple] = []
+
+        async def probability(audio: np.ndarray) -> float:
+            return 0.9
+
+        async def transcript() -> AtPause | None:
+            return heard
+
+        async def answered(*args) -> None:
+            answers.append(args)
+
+        async def words(text: str) -> float:
+            return 0.55 if text == "Can you tell me?" else 0.0
+
+        asks = TurnAsks(probability, transcript, answered, words)
+        asks.ask(AskTurnModel(np.zeros(CHUNK, np.float32), 1))
+        await asyncio.gather(*asks.tasks)
+        return answers
+
+    heard = AtPause("Can you tell me?", end_probability=0.12)
+    assert asyncio.run(run(heard)) == [(0.9, 1, "Can you tell me?", 0.55, 0.12)]
+    assert asyncio.run(run(None)) == [(0.9, 1, None, None, None)]

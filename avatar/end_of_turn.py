@@ -116,7 +116,7 @@ class Fusion:
 
     words_weight: float = 0.7
     complete_at: float = 0.5
-    unfinished_below: float = 0.8
+    unfinished_below: float = 0.65
     # a 1.5-s pause after unfinished words is kept; finished words the model doubts wait
     # this long (their p95), so no longer than that needs
     unfinished_silence_s: float = 1.8
@@ -125,9 +125,10 @@ class Fusion:
     audio_sure_at: float = 1.0
     # the words' answer is turn_words' and Whisper's own (its probability of an end mark
     # after the last word it wrote: it hears how the words were said), averaged in logit
-    # space with this weight on Whisper's; 0: turn_words' alone. The served `asr` model
-    # always gives it where a transcript has a word.
-    end_mark_weight: float = 0.7
+    # space with this weight on Whisper's; 0: turn_words' alone. Off: better on the
+    # synthetic voices' heads, but live it held people's card lists ("10 of clubs", which
+    # may go on: 0.5) that turn_words lets end (docs/performance.md section 25, sixth round)
+    end_mark_weight: float = 0.0
 
     def __post_init__(self) -> None:
         for name in (

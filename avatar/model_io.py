@@ -272,7 +272,7 @@ ASR = ModelIO(
         ("segment_texts", "BYTES", (-1,), STRINGS, False),
         ("tokens", "INT32", (-1,), ARRAY, False),
         # Whisper's probability of an end mark after the last word (NaN: no word), which
-        # the gateway's end of turn reads with the words (avatar.end_of_turn.Fusion.words)
+        # the gateway's end of turn can read with the words (avatar.end_of_turn.Fusion.words)
         ("end_probability", "FP32", (1,), SCALAR, False),
     ),
     batched=True,

@@ -97,10 +97,21 @@ class WindowResult:
     no_speech_prob: float
     avg_logprob: float
     cancelled: bool = False  # the caller gave up on it: decoding stopped, tokens partial
-    # Whisper's probability of an end mark (". ? !") right after the last word it wrote:
-    # it hears the voice as well as the words, so a head ("can you tell me") gets little
-    # even where it wrote a full stop (avatar.end_of_turn.Fusion reads it). None: no word.
+    # Whisper's probability of an end mark (". ? !") among the text tokens right after the
+    # last word it wrote (`_end_share`): it hears the voice as well as the words, so a head
+    # ("can you tell me") gets little even where it wrote a full stop
+    # (avatar.end_of_turn.Fusion can read it). None: no word.
     end_probability: float | None = None
+
+
+def _end_share(logits: np.ndarray, vocab: WhisperVocab) -> float:
+    """The end marks' share of the text tokens in one step's raw logits: were the next token
+    text, how likely it ends the sentence. Raw, not after the timestamp rules, which may
+    force a timestamp after the last word (a list such as "10 of clubs" would read 0); and
+    among text tokens only, so where the segment ends (a timestamp or eot) does not count."""
+    text = logits[: vocab.eot].astype(np.float64)
+    top = text.max()
+    return float(np.exp(text[list(vocab.end_marks)] - top).sum() / np.exp(text - top).sum())
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
@@ -212,8 +223,8 @@ def _decode(
     if options.temperature > 0:
         samplers = [np.random.default_rng(options.seed) for _ in range(batch)]
     sum_logprob = np.zeros(batch)
-    end_probability: list[float | None] = [None] * batch
-    ends = list(vocab.end_marks)
+    # per row, the raw logits of the step after its last word (read once at the end)
+    after_word: list[np.ndarray | None] = [None] * batch
     for step in range(options.max_new_tokens - n_forced):
         if done.all():
             break
@@ -230,7 +241,7 @@ def _decode(
         for k in np.flatnonzero(~done):
             last = sampled[k][-1] if sampled[k] else None
             if last is not None and last < vocab.eot and last not in vocab.punctuation:
-                end_probability[k] = float(np.exp(logprobs[k, ends]).sum())  # after a word
+                after_word[k] = logits[k].copy()  # a runtime may reuse its output buffer
         next_tokens = masked.argmax(-1) if samplers is None else _sample(masked, options, samplers)
         for k in range(batch):
             if done[k]:
@@ -253,7 +264,7 @@ def _decode(
             no_speech_prob=float(no_speech[k]),
             avg_logprob=float(sum_logprob[k] / (len(sampled[k]) - n_forced + 1)),
             cancelled=bool(dropped[k]),
-            end_probability=end_probability[k],
+            end_probability=None if after_word[k] is None else _end_share(after_word[k], vocab),
         )
         for k in range(batch)
     ]

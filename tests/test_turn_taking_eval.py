@@ -105,15 +105,20 @@ def test_choose_takes_the_fastest_strategy_that_cuts_at_most_a_tenth() -> None:
 
 
 def test_the_command_reports_both_splits(tmp_path: Path) -> None:
-    """`python -m perf turn-taking --limit 1`: the Piper voices, two pauses, both splits."""
+    """`python -m perf turn-taking --limit 1`: the Piper voices, two pauses, both splits;
+    the silence rule, the audio model alone and the served default."""
     from perf.__main__ import main
+    from perf.turn_taking import served_default
 
     args = ["turn-taking", "--limit", "1", "--voices", "piper", "--pauses", "0.3", "1.2"]
     assert main([*args, "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "turn_taking.json").read_text())
     rows = results["rows"]
+    served = served_default()[0]
+    assert "(default)" in served
     assert [(r["strategy"], r["split"]) for r in rows] == [
         ("silence 0.7", "dev"), ("silence 0.7", "test"), ("model", "dev"), ("model", "test"),
+        (served, "dev"), (served, "test"),
     ]  # fmt: skip
     for r in rows:  # 2 voices x 1 question x 2 pauses; the question whole and 1 statement
         assert (r["heads"], r["finished"], r["finished_unended"]) == (4, 4, 0), r

@@ -300,8 +300,8 @@ def run(
     detector = onnx_session(built["turn_detector"] / "model.onnx")
     answers = Answers(detector, _transcriber())
 
-    def without_text(audio: np.ndarray, at_pause: np.ndarray) -> tuple[float, None, float]:
-        return answers.probability(audio), None, 0.0  # the model's answer alone: its latency
+    def without_text(audio: np.ndarray, at_pause: np.ndarray) -> tuple[float, None, float, None]:
+        return answers.probability(audio), None, 0.0, None  # the model's answer alone
 
     audios = material()
     probabilities = {

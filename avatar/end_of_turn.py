@@ -99,7 +99,8 @@ UNSURE_SILENCE_S = 1.0  # words Whisper wrote without an end mark
 ANSWER_WAIT_S = 1.2
 
 
-def _logit(p: float, eps: float = 1e-4) -> float:
+def logit(p: float, eps: float = 1e-4) -> float:
+    """log(p / (1 - p)), `p` clipped to [eps, 1 - eps]."""
     p = min(max(p, eps), 1.0 - eps)
     return math.log(p / (1.0 - p))
 
@@ -150,8 +151,8 @@ class Fusion:
         if words is None or end_mark is None or self.end_mark_weight == 0.0:
             return words
         a = self.end_mark_weight
-        logit = (1.0 - a) * _logit(words) + a * _logit(end_mark)
-        return 1.0 / (1.0 + math.exp(-logit))
+        mixed = (1.0 - a) * logit(words) + a * logit(end_mark)
+        return 1.0 / (1.0 + math.exp(-mixed))
 
     def score(self, audio: float, words: float) -> float:
         return self.words_weight * words + (1.0 - self.words_weight) * audio

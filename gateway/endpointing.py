@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -20,14 +20,10 @@ from avatar.end_of_turn import ModelEndpointer
 from avatar.endpointing import AskTurnModel, Endpointer, TurnEndStrategy
 from gateway.options import STRATEGIES, SessionOptions
 
+if TYPE_CHECKING:
+    from gateway.hearing import AtPause
+
 log = logging.getLogger(__name__)
-
-
-class Heard(Protocol):
-    """What a pause's pass heard (gateway.hearing.AtPause)."""
-
-    text: str
-    end_probability: float | None
 
 
 def endpointer(options: SessionOptions) -> TurnEndStrategy:
@@ -65,7 +61,7 @@ class TurnAsks:
     def __init__(
         self,
         probability: Callable[[np.ndarray], Awaitable[float]],
-        transcript: Callable[[], Awaitable[Heard | None]],
+        transcript: Callable[[], Awaitable[AtPause | None]],
         answered: Callable[
             [float | None, int, str | None, float | None, float | None], Awaitable[None]
         ],

@@ -197,32 +197,27 @@ def end_mark_strategies(weights: Sequence[float]) -> list[Strategy]:
 
     scorer = WORD_SCORERS["turn_words"]()
 
-    def strategy(weight: float, w: float, c: float, u: float) -> Strategy:
-        fusion = Fusion(words_weight=w, complete_at=c, unfinished_below=u, end_mark_weight=weight)
+    def strategy(fusion: Fusion) -> Strategy:
+        f = fusion
         return (
-            f"fused w{w:g} c{c:g} u{u:g} end mark {weight:g}",
+            f"fused w{f.words_weight:g} c{f.complete_at:g} u{f.unfinished_below:g} "
+            f"end mark {f.end_mark_weight:g}",
             lambda: ModelEndpointer(pause_s=PAUSE_S, fusion=fusion),
             scorer,
         )
 
-    served = Fusion()
-    return [
-        strategy(weight, *setting)
+    fusions = [
+        Fusion(words_weight=w, complete_at=c, unfinished_below=u, end_mark_weight=weight)
         for weight in weights
-        for setting in END_MARK_GRID
-        if Fusion(
-            words_weight=setting[0],
-            complete_at=setting[1],
-            unfinished_below=setting[2],
-            end_mark_weight=weight,
-        )
-        != served  # the served default is its own row
+        for w, c, u in END_MARK_GRID
     ]
+    return [strategy(f) for f in fusions if f != Fusion()]  # the served default: its own row
 
 
 def served_default() -> Strategy:
-    """The served default (the regression with Whisper's end mark, `Fusion()`, the served
-    timing): the row every other strategy is measured beside in the same run."""
+    """The served default (`Fusion()`: the regression, Whisper's end mark at its served
+    weight, the served timing): the row every other strategy is measured beside in the
+    same run."""
     from avatar.end_of_turn import Fusion, ModelEndpointer
 
     f = Fusion()
@@ -271,8 +266,9 @@ DOUBTFUL = (0.15, 0.9)
 
 
 def _logit(p: float) -> float:
-    p = min(max(p, 1e-6), 1 - 1e-6)
-    return math.log(p / (1 - p))
+    from avatar.end_of_turn import logit
+
+    return logit(p, 1e-6)
 
 
 class _Readers:

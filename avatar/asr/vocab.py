@@ -13,10 +13,8 @@ from pathlib import Path
 
 from avatar.errors import RequestError
 
-LANGUAGE_IDS_FIRST = "<|en|>"
-_PUNCTUATION = frozenset(
-    string.punctuation
-)  # languages run from <|en|> to the token before <|translate|>
+LANGUAGE_IDS_FIRST = "<|en|>"  # languages run from <|en|> to the token before <|translate|>
+_PUNCTUATION = frozenset(string.punctuation)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,10 +43,8 @@ class WhisperVocab:
     @classmethod
     def load(cls, tokenizer_json: Path, config_json: Path | None = None) -> WhisperVocab:
         """Read ids from tokenizer.json; suppression lists from a CTranslate2 config.json."""
-        added = {
-            t["content"]: t["id"]
-            for t in json.loads(Path(tokenizer_json).read_text(encoding="utf-8"))["added_tokens"]
-        }
+        tokenizer = json.loads(Path(tokenizer_json).read_text(encoding="utf-8"))
+        added = {t["content"]: t["id"] for t in tokenizer["added_tokens"]}
         first, last = added[LANGUAGE_IDS_FIRST], added["<|translate|>"]
         languages = {t[2:-2]: i for t, i in added.items() if first <= i < last}
         config = json.loads(Path(config_json).read_text(encoding="utf-8")) if config_json else {}
@@ -60,7 +56,7 @@ class WhisperVocab:
             "<|startoflm|>",
         )
         suppress = set(config.get("suppress_ids", [])) | {added[t] for t in task_tokens}
-        text = json.loads(Path(tokenizer_json).read_text(encoding="utf-8"))["model"]["vocab"]
+        text = tokenizer["model"]["vocab"]
         marks = [text[t] for t in (".", "?", "!", "\u0120.", "\u0120?", "\u0120!") if t in text]
         punctuation = {
             i

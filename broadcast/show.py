@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import itertools
 import logging
 import time
 from typing import Any, Protocol
@@ -118,7 +119,8 @@ class Show:
         self.blend = Blend(fps)
         self.tick = 0  # the next tick to render
         self.prefill_ticks, self.low_water_ticks = prefill_ticks, low_water_ticks
-        self.thinned_batches = 0  # batches drawn at half the render cost (low water)
+        self.thinned_batches = 0  # batches drawn at a fraction of the render cost (low water)
+        self.sparse_batches = 0  # ...of them, drawn at their first and last tick only
         # the latest questions and render times (a broadcast may run for days)
         self.records: collections.deque[QuestionRecord] = collections.deque(maxlen=500)
         self.render_s: collections.deque[float] = collections.deque(maxlen=1500)
@@ -267,13 +269,18 @@ class Show:
         take = self.programme.take(count)
         pose = self.blend.mix(self.life.frames(first, count), take.blendshapes, take.speaking)
         started = time.monotonic()
-        if self.output.stats.queued < self.low_water_ticks:
-            # behind the air (the CPU is busy with an answer): render every other tick and
-            # draw the ones between as the mean of their neighbours, until the queue refills
-            rows = sorted({*range(0, count, 2), count - 1})
+        queued = self.output.stats.queued
+        if queued < self.low_water_ticks:
+            # behind the air (the CPU is busy with an answer): render every other tick, and
+            # under half the low water only the batch's first and last, and draw the ones
+            # between from their neighbours, until the queue refills (a slower CPU still
+            # ran dry at every other tick: an underflow repeats a frame with silence)
+            sparse = queued < self.low_water_ticks // 2
+            rows = sorted({*range(0, count, count - 1 if sparse else 2), count - 1})
             drawn = await self.anchor.render(pose.blendshapes[rows], pose.head_pose[rows])
             frames = between_frames(drawn, rows, count)
             self.thinned_batches += 1
+            self.sparse_batches += sparse
         else:
             frames = await self.anchor.render(pose.blendshapes, pose.head_pose)
         self.render_s.append(time.monotonic() - started)
@@ -343,6 +350,7 @@ class Show:
             "answering": bool(self._aired),
             "queued_speech_s": round(self.programme.queued_frames() / self.fps, 2),
             "thinned_batches": self.thinned_batches,
+            "sparse_batches": self.sparse_batches,
             "render_ms_per_frame_p50": round(float(np.median(render)) * 1000 / RENDER_TICKS, 1),
         }
 
@@ -365,12 +373,17 @@ def mark_of(question_id: int, kind: str) -> str:
 
 
 def between_frames(drawn: np.ndarray, rows: list[int], count: int) -> np.ndarray:
-    """`count` frames from `drawn` [len(rows), H, W, 3] at offsets `rows` (the first and last
-    among them, no two missing in a row): a missing frame is the mean of its neighbours."""
+    """`count` frames from `drawn` [len(rows), H, W, 3] at the sorted offsets `rows` (the first
+    and last among them): a missing frame is drawn between its drawn neighbours, weighted by
+    how near it is to each."""
     frames = np.empty((count, *drawn.shape[1:]), np.uint8)
     frames[rows] = drawn
-    for i in sorted(set(range(count)) - set(rows)):
-        frames[i] = ((frames[i - 1].astype(np.uint16) + frames[i + 1]) // 2).astype(np.uint8)
+    for before, after in itertools.pairwise(rows):
+        a, b = frames[before].astype(np.uint32), frames[after].astype(np.uint32)
+        span = after - before
+        for i in range(before + 1, after):
+            w = after - i  # the weight of the frame before, out of `span`
+            frames[i] = ((w * a + (span - w) * b) // span).astype(np.uint8)
     return frames
 
 

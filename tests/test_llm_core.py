@@ -147,6 +147,35 @@ def test_bound_context_drops_oldest_turns_keeps_system():
         bound_context(msgs, len, 1)
 
 
+def test_a_full_context_drops_down_to_keep_so_the_next_turns_share_a_prefix():
+    """Once turns must go, they go down to `keep`: the next turn's prompt then starts with
+    this one's (the decoder's cached prefix), where dropping one turn at a time changed the
+    prefix at every turn."""
+    msgs = [Message("system", "S")]
+    for i in range(5):
+        msgs += [Message("user", f"u{i}"), Message("assistant", f"a{i}")]
+    question = [*msgs, Message("user", "now")]  # 12 "tokens"
+    assert bound_context(question, len, 12, keep=6) == question  # fits: nothing goes
+    kept = bound_context(question, len, 11, keep=6)
+    assert [m.content for m in kept] == ["S", "u3", "a3", "u4", "a4", "now"]
+    after = [*kept, Message("assistant", "b"), Message("user", "next")]  # 8 <= 11: kept
+    assert bound_context(after, len, 11, keep=6) == after
+    one_at_a_time = bound_context(question, len, 11)
+    assert [m.content for m in one_at_a_time][:2] == ["S", "u1"]
+
+    # the question alone may be over `keep`, not over the budget
+    def chars(messages):
+        return sum(len(m.content) for m in messages)
+
+    long = [
+        msgs[0],
+        Message("user", "aaaa"),
+        Message("assistant", "bbbb"),
+        Message("user", "x" * 9),
+    ]
+    assert bound_context(long, chars, 11, keep=1) == [msgs[0], long[-1]]
+
+
 def test_prefix_cache_longest_match_and_truncation():
     cache = PrefixCache(capacity=2)
     past = [np.arange(10, dtype=np.float32).reshape(1, 1, 10, 1)]

@@ -50,6 +50,9 @@ DEFAULT_PERSONA = DEFAULT.system_prompt()
 class EngineConfig:
     persona: str = DEFAULT_PERSONA
     context_tokens: int = 1024  # prompt + reply; older turns are dropped to fit
+    # ...and when some must go, down to this share of the prompt's budget, so that the
+    # turns after it extend the same cached prefix (avatar.llm.conversation.bound_context)
+    history_keep_share: float = 0.5
     max_batch: int = 8
     prefix_cache_entries: int = 16
     sessions: int = 4096  # conversations the in-process store keeps
@@ -62,6 +65,10 @@ class EngineConfig:
     # the sentence embedding model (texts -> vectors), for candidates chosen by embedding
     # and questions' subjects judged by it (GroundingConfig.embeds)
     embed: Embed | None = dataclasses.field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.history_keep_share <= 1.0:
+            raise ValueError(f"history_keep_share must be in (0, 1], got {self.history_keep_share}")
 
 
 class SentenceBudget:
@@ -227,7 +234,8 @@ class ChatEngine:
         reading = "\n".join(part for part in (told, context.strip()) if part)
         if reading:
             full[-1] = Message("user", grounded(question.content, reading))
-        full = bound_context(full, self.count_tokens, budget)
+        keep = round(budget * self.config.history_keep_share)
+        full = bound_context(full, self.count_tokens, budget, keep)
         # the passages are this turn's only: the session keeps the question as asked
         memory = [*full[:-1], question] if reading else None
         copied = ()

@@ -58,6 +58,7 @@ def engine_config(params: ModelParameters, settings: LlmSettings) -> EngineConfi
     return EngineConfig(
         persona=settings.persona,
         context_tokens=params.int("context_tokens", EngineConfig.context_tokens),
+        history_keep_share=params.float("history_keep_share", EngineConfig.history_keep_share),
         max_batch=params.int("max_batch", EngineConfig.max_batch),
         sessions=params.int("sessions", EngineConfig.sessions),
         first_clause_words=params.int("first_clause_words", 0),

@@ -94,15 +94,21 @@ COMPLETE_AT = 0.7
 INCOMPLETE_SILENCE_S = 1.4  # an unfinished thought may pause this long
 UNSURE_SILENCE_S = 1.0  # words Whisper wrote without an end mark
 # While an answer is on its way the silence rule waits this long: a transcript that takes
-# longer than usual (its p99 is ~0.66 s on 2 cores) would otherwise let the 0.7-s rule cut
-# a pause the words would have held (1 in 3 of the heads cut at 1.5 s before it).
-ANSWER_WAIT_S = 1.2
+# longer than usual would otherwise let the 0.7-s rule cut a pause the words would have
+# held (1 in 3 of the heads cut at 1.5 s before any wait). 1.2 s held on a CPU whose
+# transcript p99 was ~0.66 s; on one half as fast the test heads cut at 1.2 / 1.5 s went
+# from 9.8 % to 10.7 / 11.5 %, and 1.5 s keeps them at 9.8 % with finished turns as fast
+# (`perf turn-taking --answer-wait-s`, docs/performance.md section 25, seventh round)
+ANSWER_WAIT_S = 1.5
 
 
 def logit(p: float, eps: float = 1e-4) -> float:
     """log(p / (1 - p)), `p` clipped to [eps, 1 - eps]."""
     p = min(max(p, eps), 1.0 - eps)
     return math.log(p / (1.0 - p))
+
+
+END_MARK_RULES = ("mean", "either")  # Fusion.end_mark_rule
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +136,10 @@ class Fusion:
     # synthetic voices' heads, but live it held people's card lists ("10 of clubs", which
     # may go on: 0.5) that turn_words lets end (docs/performance.md section 25, sixth round)
     end_mark_weight: float = 0.0
+    # how the two are read: "mean", the logit average above; "either", the larger of the
+    # two, so that the words hold the turn only where both doubt it (turn_words doubts long
+    # read sentences Whisper hears end, Whisper doubts lists turn_words reads as finished)
+    end_mark_rule: str = "mean"
 
     def __post_init__(self) -> None:
         for name in (
@@ -142,13 +152,21 @@ class Fusion:
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {value}")
+        if self.end_mark_rule not in END_MARK_RULES:
+            raise ValueError(
+                f"end_mark_rule must be one of {END_MARK_RULES}, got {self.end_mark_rule!r}"
+            )
         if self.unfinished_silence_s <= 0:
             raise ValueError(f"unfinished_silence_s must be > 0, got {self.unfinished_silence_s}")
 
     def words(self, words: float | None, end_mark: float | None) -> float | None:
         """The words' probability that the turn is finished: turn_words' (`words`) with
         Whisper's end mark (`end_mark`, avatar.asr.greedy.WindowResult.end_probability)."""
-        if words is None or end_mark is None or self.end_mark_weight == 0.0:
+        if words is None or end_mark is None:
+            return words
+        if self.end_mark_rule == "either":
+            return max(words, end_mark)
+        if self.end_mark_weight == 0.0:
             return words
         a = self.end_mark_weight
         mixed = (1.0 - a) * logit(words) + a * logit(end_mark)

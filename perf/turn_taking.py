@@ -180,6 +180,23 @@ def audio_sure_strategies(sure_at: Sequence[float]) -> list[Strategy]:
     return [strategy(at) for at in sure_at]
 
 
+def answer_wait_strategies(waits: Sequence[float]) -> list[Strategy]:
+    """The served default with the silence rule waiting this long for an answer on its
+    way (`--answer-wait-s`: ModelEndpointer's answer_wait_s; served: ANSWER_WAIT_S)."""
+    from avatar.end_of_turn import ModelEndpointer
+
+    scorer = WORD_SCORERS["turn_words"]()
+
+    def strategy(wait: float) -> Strategy:
+        return (
+            f"fused, answer wait {wait:g} s",
+            lambda: ModelEndpointer(pause_s=PAUSE_S, answer_wait_s=wait),
+            scorer,
+        )
+
+    return [strategy(wait) for wait in waits]
+
+
 # the fusion grid read with Whisper's end mark (`--end-mark-weight`): (words_weight,
 # complete_at, unfinished_below) at the served hold
 END_MARK_GRID = [
@@ -190,25 +207,28 @@ END_MARK_GRID = [
 ]
 
 
-def end_mark_strategies(weights: Sequence[float]) -> list[Strategy]:
+def end_mark_strategies(weights: Sequence[float], either: bool = False) -> list[Strategy]:
     """The served default's fusion grid with the words read together with Whisper's end
-    mark after the transcript (avatar.end_of_turn.Fusion.end_mark_weight), per weight."""
+    mark after the transcript (avatar.end_of_turn.Fusion): averaged with it at each weight
+    (`end_mark_rule` "mean"), and with `either`, the larger of the two ("either")."""
     from avatar.end_of_turn import Fusion, ModelEndpointer
 
     scorer = WORD_SCORERS["turn_words"]()
 
     def strategy(fusion: Fusion) -> Strategy:
         f = fusion
+        how = "either" if f.end_mark_rule == "either" else f"{f.end_mark_weight:g}"
         return (
-            f"fused w{f.words_weight:g} c{f.complete_at:g} u{f.unfinished_below:g} "
-            f"end mark {f.end_mark_weight:g}",
+            f"fused w{f.words_weight:g} c{f.complete_at:g} u{f.unfinished_below:g} end mark {how}",
             lambda: ModelEndpointer(pause_s=PAUSE_S, fusion=fusion),
             scorer,
         )
 
+    readings = [{"end_mark_weight": weight} for weight in weights]
+    readings += [{"end_mark_rule": "either"}] if either else []
     fusions = [
-        Fusion(words_weight=w, complete_at=c, unfinished_below=u, end_mark_weight=weight)
-        for weight in weights
+        Fusion(words_weight=w, complete_at=c, unfinished_below=u, **reading)
+        for reading in readings
         for w, c, u in END_MARK_GRID
     ]
     return [strategy(f) for f in fusions if f != Fusion()]  # the served default: its own row
@@ -765,6 +785,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "with Whisper's end mark at each weight (Fusion.end_mark_weight)",
     )
     parser.add_argument(
+        "--answer-wait-s",
+        nargs="*",
+        type=float,
+        default=[],
+        help="also the served default with the silence rule waiting this long for an answer "
+        "on its way (each value its own strategy)",
+    )
+    parser.add_argument(
+        "--end-mark-either",
+        action="store_true",
+        help="also that grid with the words read as the larger of turn_words' answer and "
+        "Whisper's end mark (Fusion.end_mark_rule 'either': both must doubt to hold)",
+    )
+    parser.add_argument(
         "--transcript-ms",
         type=float,
         help="every transcript at a pause takes this long (e.g. the GPU path's, from "
@@ -802,8 +836,10 @@ def command(args: argparse.Namespace) -> int:
                 blends[words] = strategies[-1][2]
     if args.audio_sure_at:
         strategies += audio_sure_strategies(args.audio_sure_at)
-    if args.end_mark_weight:
-        strategies += end_mark_strategies(args.end_mark_weight)
+    if args.answer_wait_s:
+        strategies += answer_wait_strategies(args.answer_wait_s)
+    if args.end_mark_weight or args.end_mark_either:
+        strategies += end_mark_strategies(args.end_mark_weight, args.end_mark_either)
     if args.fused and len(strategies) == 3:
         log.warning("--fused: no fused strategies in this tree (fused_strategies() is empty)")
     pauses = tuple(args.pauses)

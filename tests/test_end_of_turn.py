@@ -188,6 +188,26 @@ def test_whisper_end_mark_is_read_with_the_words() -> None:
         Fusion(end_mark_weight=-0.5)
 
 
+def test_either_reader_finishing_the_words_lifts_the_hold() -> None:
+    """`end_mark_rule` "either": the words' answer is the larger of turn_words' and
+    Whisper's end mark, so the turn is held only where both doubt it."""
+    either = Fusion(end_mark_rule="either")
+    assert either.words(0.2, 0.9) == 0.9 and either.words(0.8, 0.3) == 0.8
+    assert either.words(0.4, None) == 0.4
+    # a long read sentence turn_words doubts (0.23) that Whisper heard end (0.93): not held
+    endpointer = ModelEndpointer(fusion=either)
+    _speak(endpointer, SPEECH + [0.0] * ASKS[0])
+    (ended,) = endpointer.decide(0.9, 1, "than he was.", words=0.23, end_mark=0.93)
+    assert isinstance(ended, Utterance) and ended.ended_by == "words"
+    # a head both doubt ("Can you tell me", 0.3 and 0.2): held
+    endpointer = ModelEndpointer(fusion=either)
+    _speak(endpointer, SPEECH + [0.0] * ASKS[0])
+    assert endpointer.decide(0.9, 1, "Can you tell me?", words=0.3, end_mark=0.2) == []
+    assert endpointer.hold >= round(either.unfinished_silence_s / CHUNK_S)
+    with pytest.raises(ValueError, match="end_mark_rule"):
+        Fusion(end_mark_rule="product")
+
+
 def test_without_a_words_answer_the_transcript_is_read_by_rule() -> None:
     endpointer = ModelEndpointer(fusion=Fusion(complete_at=0.01))
     _speak(endpointer, SPEECH + [0.0] * ASKS[0])

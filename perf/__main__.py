@@ -21,6 +21,7 @@
   turn-cost  CPU-seconds per spoken turn by stage, queue time per model -> build/perf/turn_cost/
   gpu-stages  each network on a GPU, alone and as Triton models chained by BLS via DLPack
   broadcast  on air through nginx-rtmp: chat posted -> answer heard, frame rate, CPU per stream
+  long-conversation  one session's first tokens over 30 turns, turns dropped 1 by 1 vs in bulk
 
 Against a running server (`--url`), or an embedded server it starts itself. Results are
 CSV + JSON (with the machine's load average: the project machines share 2 cores, so the
@@ -187,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         knowledge,
         latency,
         llm_server,
+        long_conversation,
         says,
         turn_cost,
         turn_taking,
@@ -216,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     first_piece.add_arguments(
         sub.add_parser("first-piece", help="first TTS piece at a clause break vs a full stop")
+    )
+    long_conversation.add_arguments(
+        sub.add_parser("long-conversation", help="first tokens of a long conversation")
     )
     llm_server.add_arguments(
         sub.add_parser("llm-server", help="LLM tokens/s through Triton vs in-process")

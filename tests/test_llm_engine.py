@@ -235,6 +235,27 @@ def test_session_memory_and_bounded_context(artifact, decoder):
     assert eng.count_tokens(history[:-1]) <= 160 - 24
 
 
+@pytest.mark.parametrize("keep_share", [0.5, 1.0])
+def test_a_full_context_drops_older_turns_in_bulk_and_the_next_turns_reuse_the_cache(
+    artifact, decoder, keep_share
+):
+    """Over a full context, at most one turn in three reads its history again (less than
+    half of its prompt from the cache) with `history_keep_share` 0.5; dropping one turn at a
+    time (1.0) reads it again at almost every turn (docs/performance.md section 25)."""
+    eng = engine(artifact, decoder, context_tokens=200, history_keep_share=keep_share)
+    reread = []
+    for i in range(12):
+        _, end = run(eng, f"Question number {i}: what is {i} plus {i}?", session="long")
+        prompt, cached = end.stats["prompt_tokens"], end.stats["cached_tokens"]
+        assert prompt <= 200 - 24
+        reread.append(cached < prompt / 2)
+    late = reread[6:]  # the context is full from about the fourth turn
+    if keep_share < 1.0:
+        assert sum(late) <= len(late) // 3, reread
+    else:
+        assert sum(late) >= len(late) - 1, reread
+
+
 def test_a_fork_starts_from_its_parent_and_leaves_it_unchanged(artifact, decoder):
     """The gateway's speculative turn answers in a fork: a new session id that starts from
     the parent's memory; the parent keeps its own, whatever the fork says or whether it ends."""

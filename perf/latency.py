@@ -53,6 +53,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -61,6 +62,9 @@ from evals.report import DEFAULT_OUT, plot_bars, write_rows
 from gateway.process import running_gateway
 from model_configs.pbtxt import call_graph
 from perf.harness import concurrently, playback, serve
+
+if TYPE_CHECKING:
+    from evals.clips import Clip
 
 log = logging.getLogger(__name__)
 OUT = DEFAULT_OUT / "latency"
@@ -181,13 +185,19 @@ def link_beside_artifact(version: Path, name: str) -> None:
     (version / name).symlink_to(source)
 
 
-def questions() -> list[tuple[str, np.ndarray]]:
-    """(source, 16-kHz audio) of the real recordings and the voice's questions."""
+def question_clips() -> list[tuple[str, Clip]]:
+    """(source, clip) of the real recordings and the voice's questions, in the live check's
+    order."""
     from evals.clips import clips
     from evals.recordings import human_clips
 
     voice = [c for c in clips()[:-1] if c.text.endswith("?")]
-    return [("human", c.audio) for c in human_clips()] + [("voice", c.audio) for c in voice]
+    return [("human", c) for c in human_clips()] + [("voice", c) for c in voice]
+
+
+def questions() -> list[tuple[str, np.ndarray]]:
+    """(source, 16-kHz audio) of the real recordings and the voice's questions."""
+    return [(source, clip.audio) for source, clip in question_clips()]
 
 
 def question_of(items: list[tuple[str, np.ndarray]], session: int, index: int):

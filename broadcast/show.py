@@ -56,7 +56,10 @@ class Output(Protocol):
     def start(self) -> None: ...
 
     @property
-    def stats(self) -> Any: ...  # PacedStats: .underflows
+    def queued(self) -> int: ...  # ticks waiting to be written
+
+    @property
+    def underflows(self) -> int: ...  # ticks written with nothing queued
 
     async def put_async(
         self, frame: np.ndarray, audio: np.ndarray, mark: str | None = None
@@ -108,7 +111,8 @@ class Show:
         low_water_ticks: int = 0,
     ) -> None:
         """`prefill_ticks`: rendered before the output's clock starts (at most its queue);
-        `low_water_ticks`: with fewer ticks queued, every other frame is rendered."""
+        `low_water_ticks`: with fewer ticks queued, every other frame is rendered, and under
+        half of it only the last of each batch (`_rows_to_draw`)."""
         self.anchor, self.queue, self.output = anchor, queue, output
         self.fps, self.width, self.height, self.sample_rate = fps, width, height, sample_rate
         self.samples_per_frame = round(sample_rate / fps)
@@ -120,7 +124,9 @@ class Show:
         self.tick = 0  # the next tick to render
         self.prefill_ticks, self.low_water_ticks = prefill_ticks, low_water_ticks
         self.thinned_batches = 0  # batches drawn at a fraction of the render cost (low water)
-        self.sparse_batches = 0  # ...of them, drawn at their first and last tick only
+        self.sparse_batches = 0  # ...of them, drawn at their last tick only
+        self._last_drawn: np.ndarray | None = None  # the renderer's latest frame
+        self._on_air = False  # the output's clock runs: ticks have deadlines
         # the latest questions and render times (a broadcast may run for days)
         self.records: collections.deque[QuestionRecord] = collections.deque(maxlen=500)
         self.render_s: collections.deque[float] = collections.deque(maxlen=1500)
@@ -243,6 +249,7 @@ class Show:
         while self.tick < self.prefill_ticks:
             await self.render_ticks(RENDER_TICKS)
         self.output.start()
+        self._on_air = True
         underflows = 0
         while True:
             try:
@@ -253,7 +260,7 @@ class Show:
                 # (the output repeats its last frame) and the render is tried again
                 log.warning("render failed at tick %d: %r; retrying", self.tick, error)
                 await asyncio.sleep(RENDER_RETRY_S)
-            now = self.output.stats.underflows
+            now = self.output.underflows
             if now > underflows:  # the air got ahead of the renderer: frames were repeated
                 log.warning(
                     "output underflow: %d ticks repeated before tick %d (render %.0f ms for %d)",
@@ -269,20 +276,15 @@ class Show:
         take = self.programme.take(count)
         pose = self.blend.mix(self.life.frames(first, count), take.blendshapes, take.speaking)
         started = time.monotonic()
-        queued = self.output.stats.queued
-        if queued < self.low_water_ticks:
-            # behind the air (the CPU is busy with an answer): render every other tick, and
-            # under half the low water only the batch's first and last, and draw the ones
-            # between from their neighbours, until the queue refills (a slower CPU still
-            # ran dry at every other tick: an underflow repeats a frame with silence)
-            sparse = queued < self.low_water_ticks // 2
-            rows = sorted({*range(0, count, count - 1 if sparse else 2), count - 1})
+        rows = self._rows_to_draw(count)
+        if len(rows) < count:
             drawn = await self.anchor.render(pose.blendshapes[rows], pose.head_pose[rows])
-            frames = between_frames(drawn, rows, count)
+            frames = between_frames(drawn, rows, count, before=self._last_drawn)
             self.thinned_batches += 1
-            self.sparse_batches += sparse
+            self.sparse_batches += len(rows) == 1
         else:
             frames = await self.anchor.render(pose.blendshapes, pose.head_pose)
+        self._last_drawn = frames[-1]
         self.render_s.append(time.monotonic() - started)
         frames = fit_frames(frames, self.width, self.height)
         captions = self._captions(first, count, take)
@@ -292,6 +294,20 @@ class Show:
             await self.output.put_async(frame, take.audio[offset], marks.get(offset))
         self.tick += count
         self._note_aired(first, take, time.monotonic())
+
+    def _rows_to_draw(self, count: int) -> list[int]:
+        """Which of the next `count` ticks the renderer draws; the others are blended from
+        their drawn neighbours (`between_frames`). Behind the air (the CPU busy with an
+        answer's LLM and voice) every other tick, and far behind only the last, bridged from
+        the previous batch's last frame: a fifth of the render cost, so the queue refills
+        even on a CPU where the renderer gets a third of a core (an underflow repeats a
+        frame with silence, a gap in the anchor's speech)."""
+        queued = self.output.queued
+        if queued >= self.low_water_ticks or not self._on_air:
+            return list(range(count))
+        if queued < self.low_water_ticks // 2 and self._last_drawn is not None:
+            return [count - 1]
+        return sorted({*range(0, count, 2), count - 1})
 
     def _captions(self, first: int, count: int, take) -> list[Caption | None]:
         starts = {offset: segment for offset, segment in take.started}
@@ -372,19 +388,31 @@ def mark_of(question_id: int, kind: str) -> str:
     return f"question-{question_id}-{kind}"
 
 
-def between_frames(drawn: np.ndarray, rows: list[int], count: int) -> np.ndarray:
-    """`count` frames from `drawn` [len(rows), H, W, 3] at the sorted offsets `rows` (the first
-    and last among them): a missing frame is drawn between its drawn neighbours, weighted by
-    how near it is to each."""
-    frames = np.empty((count, *drawn.shape[1:]), np.uint8)
+def between_frames(
+    drawn: np.ndarray, rows: list[int], count: int, before: np.ndarray | None = None
+) -> np.ndarray:
+    """`count` frames from `drawn` [len(rows), H, W, 3] at the sorted offsets `rows` (the
+    last among them): a missing frame is drawn between its drawn neighbours, weighted by how
+    near it is to each; `before` is the frame at offset -1 (the previous batch's last), which
+    the frames ahead of the first row are drawn from (without it the first row must be 0)."""
+    if before is not None:
+        drawn, rows = np.concatenate([before[None], drawn]), [-1, *rows]
+    elif rows[0] != 0:
+        raise ValueError(f"rows {rows} start after offset 0 with no frame before them")
+    frames = np.empty((count + 1, *drawn.shape[1:]), np.uint8)  # index -1: `before`
     frames[rows] = drawn
-    for before, after in itertools.pairwise(rows):
-        a, b = frames[before].astype(np.uint32), frames[after].astype(np.uint32)
-        span = after - before
-        for i in range(before + 1, after):
-            w = after - i  # the weight of the frame before, out of `span`
-            frames[i] = ((w * a + (span - w) * b) // span).astype(np.uint8)
-    return frames
+    for start, end in itertools.pairwise(rows):
+        # integers in uint16 (at most 255 * span): 0.6 ms a 512 x 512 frame, where uint32
+        # took 17 ms and was half the show's own CPU on a 2-core machine
+        a, b = frames[start].astype(np.uint16), frames[end].astype(np.uint16)
+        span = end - start
+        for i in range(start + 1, end):
+            w = end - i  # the weight of the frame before, out of `span`
+            mixed = a * np.uint16(w)
+            mixed += b * np.uint16(span - w)
+            mixed += np.uint16(span // 2)  # rounded to the nearest
+            frames[i] = mixed // np.uint16(span)
+    return frames[:count]
 
 
 def fit_frames(frames: np.ndarray, width: int, height: int) -> np.ndarray:

@@ -327,6 +327,7 @@ def summary(rehearsal: dict[str, Any]) -> dict[str, Any]:
         "received": dataclasses.asdict(report),
         "underflows": output.get("underflows"),
         "thinned_batches": rehearsal["status"].get("thinned_batches"),
+        "sparse_batches": rehearsal["status"].get("sparse_batches"),
         "late_ticks": output.get("late_ticks"),
         "ticks": output.get("ticks"),
         "cpu_per_s": rehearsal["cpu_per_s"],
@@ -481,7 +482,11 @@ def _print(figures: dict[str, Any]) -> None:
         f"{received['longest_frozen_run']}; A/V offset max {received['av_offset_max_ms']} ms; "
         f"underflows {figures['underflows']} of {figures['ticks']} ticks"
     )
-    print(f"thinned batches (half-rate rendering below low water): {figures['thinned_batches']}")
+    print(
+        f"batches thinned (a batch short of the full queue: every other frame drawn): "
+        f"{figures['thinned_batches']}, of which sparse (under half: the last frame only): "
+        f"{figures['sparse_batches']}"
+    )
     print("CPU per wall second: " + json.dumps(figures["cpu_per_s"]))
     if figures.get("live_sessions"):
         print("live page sessions beside it: " + json.dumps(figures["live_sessions"]))

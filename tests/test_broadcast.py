@@ -75,11 +75,11 @@ def _check_broadcast(rehearsal: dict, questions: int) -> None:
     figures = summary(rehearsal)
     print(figures)  # the figures of this run, in the test's output (-s)
     # a steady frame rate: every tick written on time and received, no gap, never a repeat;
-    # at most 1 tick in 50 came late enough to be repeated (with silence): 0 of ~900 on the
-    # 2 cores the figures were measured on, 8-16 on a 2-core CPU half as fast, where the
-    # question's LLM and voice starve the renderer even at 2 of 5 frames (docs/broadcast.md)
+    # at most 1 tick in 100 came late enough to be repeated (with silence): 0 of ~900 on the
+    # 2 cores the figures were measured on; on a 2-core CPU half as fast, where the renderer
+    # is thinned throughout, 0-2 (25-37 when thinning began at half the queue; docs/broadcast.md)
     output = status["output"]
-    assert output["underflows"] <= output["ticks"] // 50, output
+    assert output["underflows"] <= output["ticks"] // 100, output
     assert abs(report.fps - FPS) < 0.01 and report.max_frame_gap_intervals <= 2.0, report
     assert report.longest_frozen_run == 1, report
     assert report.frames >= FPS * (rehearsal["seconds"] - 2)
@@ -256,10 +256,12 @@ def test_the_caption_shows_the_question_in_its_band():
 def test_thinned_batches_fill_the_missing_frames_between_their_neighbours():
     drawn = np.stack([np.full((2, 2, 3), v, np.uint8) for v in (10, 30, 51)])
     frames = between_frames(drawn, [0, 2, 4], 5)
-    assert frames[:, 0, 0, 0].tolist() == [10, 20, 30, 40, 51]
-    # far behind the air, a batch is drawn at its first and last tick only
-    sparse = between_frames(drawn[[0, 2]], [0, 4], 5)
-    assert sparse[:, 0, 0, 0].tolist() == [10, 20, 30, 40, 51]
+    assert frames[:, 0, 0, 0].tolist() == [10, 20, 30, 41, 51]  # rounded to the nearest
+    # far behind the air, a batch is drawn at its last tick only, from the previous batch's
+    sparse = between_frames(drawn[[2]], [4], 5, before=drawn[0])
+    assert sparse[:, 0, 0, 0].tolist() == [18, 26, 35, 43, 51]
+    with pytest.raises(ValueError, match="no frame before"):
+        between_frames(drawn[[2]], [4], 5)
 
 
 def test_the_stream_key_comes_from_the_environment_never_argv(tmp_path):

@@ -76,13 +76,16 @@ def test_paced_sessions_stagger_pause_and_end_after_the_level(monkeypatch):
     for turn in answer["turns"]:
         by_session.setdefault(turn["session"], []).append(turn)
     assert sorted(by_session) == [0, 1, 2, 3]
-    firsts = [min(t["start_s"] for t in by_session[i]) for i in range(4)]
-    assert firsts == sorted(firsts) and firsts[3] >= 0.14  # spread over one pause
-    for turns in by_session.values():
-        starts = sorted(t["start_s"] for t in turns)
-        assert all(b - a >= 0.15 for a, b in itertools.pairwise(starts))  # paused
-        assert starts[-1] < 0.5  # no turn begins after the level
-    assert answer["wall_s"] < 1.0
+    # what the schedule decides, not when the threads woke: this module runs at idle
+    # priority beside the timed tests (tests/conftest.py), where a sleep may end late
+    for index, turns in by_session.items():
+        turns.sort(key=lambda t: t["start_s"])
+        assert turns[0]["start_s"] >= 0.2 * index / 4 - 0.005  # spread over one pause
+        for before, after in itertools.pairwise(turns):
+            assert after["start_s"] - before["end_s"] >= 0.75 * 0.2 - 0.005  # paused
+            assert before["end_s"] + 0.75 * 0.2 < 0.5  # begun only if due before the level
+        assert turns[-1]["end_s"] + 1.25 * 0.2 >= 0.5  # a session ends after the level
+    assert answer["wall_s"] >= max(t["end_s"] for t in answer["turns"])
 
 
 def test_a_failing_session_is_reported_not_raised(monkeypatch):

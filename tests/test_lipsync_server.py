@@ -4,6 +4,7 @@ batching across concurrent requests, per-request errors, and a WAV -> animation 
 from __future__ import annotations
 
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -62,7 +63,15 @@ def test_concurrent_requests_batch(triton_server: EmbeddedServer, session) -> No
 
         with ThreadPoolExecutor(len(requests)) as pool:
             results = list(pool.map(call, requests))
-        after = client.get_inference_statistics("lipsync").model_stats[0]
+        # Triton records a batch's statistics after its responses are sent: a loaded CI read
+        # 6 of 18 right after the last response, so wait (bounded) for the count to arrive
+        deadline = time.monotonic() + 10.0
+        while True:
+            after = client.get_inference_statistics("lipsync").model_stats[0]
+            done = after.inference_count - before.inference_count >= len(requests)
+            if done or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
     for batch, (probs, opening) in zip(requests, results, strict=True):
         want = session.run(list(OUTPUTS), {"audio": batch})
         np.testing.assert_allclose(probs, want[0], atol=1e-5)

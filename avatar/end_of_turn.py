@@ -224,6 +224,10 @@ class ModelEndpointer(Endpointer):
         self.pauses = 0  # pauses asked about: an answer names the one it is about
         self._reset()
 
+    @property
+    def holding(self) -> bool:
+        return self.asking and self.hold > self.fallback_silence
+
     def set_end_silence(self, seconds: float) -> None:
         super().set_end_silence(seconds)
         self.fallback_silence = self.detector.min_silence

@@ -80,6 +80,11 @@ class TurnEndStrategy(Protocol):
     def paused(self) -> bool:
         """A pause was reported (SpeechPaused) and speech has not resumed."""
 
+    @property
+    def holding(self) -> bool:
+        """The answers about this pause let it run longer than the silence rule would (the
+        words doubt that the turn is over): what a speculative reply may start on."""
+
     def audio(self) -> np.ndarray:
         """The utterance so far (pre-roll included); empty outside one."""
 
@@ -133,6 +138,10 @@ class Endpointer:
     @property
     def heard_s(self) -> float:
         return len(self.chunks) * CHUNK_S if self.detector.start is not None else 0.0
+
+    @property
+    def holding(self) -> bool:
+        return False  # silence alone decides: nothing holds a pause
 
     def audio(self) -> np.ndarray:
         in_speech = self.detector.start is not None

@@ -88,7 +88,8 @@ class Connection:
             send_json,
             every_s=options.partial_every_s,
             detect_language_s=options.detect_language_s,
-            hold=self.turns.hold if options.speculate_turn else None,
+            hold=self.turns.hold if options.speculate_turn or options.speculate_held else None,
+            hold_every_pause=options.speculate_turn,
             discard=self.turns.discard,
         )
         budget.track(self.turns)
@@ -240,7 +241,10 @@ class Connection:
     ) -> None:
         """The end-of-turn models' answers: in order with the chunks (they may end the turn)."""
         async with self._vad_lock:
-            for event in self.endpointer.decide(probability, pause, text, words, end_mark):
+            events = self.endpointer.decide(probability, pause, text, words, end_mark)
+            if not events and self.options.speculate_held and self.endpointer.holding:
+                self.hearing.hold_turn()  # the reply starts while the pause runs on
+            for event in events:
                 await self._on_endpoint(event)
 
     async def _utterance(self, audio: np.ndarray, ended_by: str) -> None:

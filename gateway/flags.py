@@ -115,7 +115,7 @@ def session_options(args: argparse.Namespace, **more) -> SessionOptions:
         for f in session_flags()
     }
     if values["speculate_after_s"] is None:  # no pass at the pause: nothing to start from
-        values.update(speculate_turn=False, partial_every_s=None)
+        values.update(speculate_turn=False, speculate_held=False, partial_every_s=None)
     return SessionOptions(**values, personas=load_personas(args.personas), **more)
 
 

@@ -101,7 +101,9 @@ class AtPause:
 
 class Hearing:
     """The ASR side of one session's utterances. `hold(text, prefix_tokens)` starts a held
-    turn at a pause (None: speculative turns off) and `discard(turn)` drops it."""
+    turn from a pause's transcript (None: speculative turns off): at every pause with
+    `hold_every_pause`, else when `hold_turn()` is called (the end-of-turn models held the
+    pause); `discard(turn)` drops it."""
 
     def __init__(
         self,
@@ -112,12 +114,13 @@ class Hearing:
         every_s: float | None,
         detect_language_s: float,
         hold: Callable[[str, int], Turn] | None = None,
+        hold_every_pause: bool = False,
         discard: Callable[[Turn], None] = lambda turn: None,
     ) -> None:
         self.transcribe, self.budget, self.send_json = transcribe, budget, send_json
         self.every = None if every_s is None else max(1, round(every_s / CHUNK_S))
         self.detect_language_s = detect_language_s
-        self.hold, self.discard = hold, discard
+        self.hold, self.hold_every_pause, self.discard = hold, hold_every_pause, discard
         self.language: str | None = None  # Whisper's, of the session's last utterance
         self.at_pause: asyncio.Task | None = None  # -> AtPause
         self.reset()
@@ -205,9 +208,22 @@ class Hearing:
         if asyncio.current_task() is self.at_pause:  # the end of speech is not yet confirmed
             await self._caption(text, audio, at_pause=True)
         result = AtPause(text, len(prefix), end_probability=heard.end_probability)
-        if text and self.hold is not None:
+        if text and self.hold is not None and self.hold_every_pause:
             result.turn = self.hold(text, len(prefix))
         return result
+
+    def hold_turn(self) -> None:
+        """The end-of-turn models hold the current pause (its words may go on): start the
+        reply from the pause's transcript now, held until the end of speech is confirmed,
+        unless one was started already or there is no transcript yet."""
+        task = self.at_pause
+        if self.hold is None or task is None or not task.done() or task.cancelled():
+            return
+        if task.exception() is not None:
+            return  # the failure is logged where the turn takes the pass
+        result = task.result()
+        if result.text and result.turn is None:
+            result.turn = self.hold(result.text, result.prefix_tokens)
 
     async def pause_heard(self) -> AtPause | None:
         """What the current pause's pass heard, once it is done (None: no pass, or it was

@@ -82,6 +82,18 @@ class SessionOptions:
         "at that pause also start the reply (in a fork of the conversation), held until the "
         "end of speech is confirmed",
     )
+    # ...and where the end-of-turn models hold a pause (the words doubt the turn is over, so
+    # it may run 1.8 s before the turn ends: avatar.end_of_turn.Fusion), start the reply
+    # then, the same way: a finished turn the words doubted has its reply under way when the
+    # hold ends, and a speaker who goes on discards it. Only held pauses: most turns end
+    # when the words are read, and a reply started at every pause cost the real one its
+    # cores (above). python -m perf capacity (docs/performance.md section 25, eighth round).
+    speculate_held: bool = flag(
+        True,
+        "do not start the reply at a pause the end-of-turn models hold (by default it starts "
+        "then, in a fork of the conversation, held until the end of speech is confirmed)",
+        negated="--no-speculate-held",
+    )
     # Transcribe while the user speaks: every `partial_every_s` of speech, a pass over the
     # speech so far (at most `partial_limit` in flight in this gateway, so that they never
     # take more than that many cores from the turns being answered); what two passes agree

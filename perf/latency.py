@@ -150,6 +150,8 @@ class TurnRow:
     first_frame: float | None = None
     stall: float | None = None  # ms the reply's playback waited for audio not yet there
     late: int | None = None  # pieces of its audio that came after their time to play
+    ended_by: str = ""  # what ended the turn (speech_end: audio, words, silence)
+    speculative: bool | None = None  # its reply was started at a pause, before that end
     error: str = ""
 
 
@@ -267,6 +269,10 @@ def measure_turn(row: TurnRow, reply, signal: np.ndarray, *, barged: bool = Fals
         return None if at is None else round((at - speech_end) * 1000, 1)
 
     row.transcript = reply.of("transcript")[0]["text"] if reply.of("transcript") else ""
+    ends_of_speech = [m for m in reply.of("speech_end") if m.get("ended_by")]
+    row.ended_by = ends_of_speech[-1]["ended_by"] if ends_of_speech else ""
+    starts = reply.of("turn_start")
+    row.speculative = bool(starts[0].get("speculative_turn")) if starts else None
     row.endpoint = after("speech_end1")
     row.transcript_ms = after("transcript")
     # (an at-pause caption before the end of speech was of a pause inside the question)

@@ -126,15 +126,25 @@ def test_fused_answers_end_hold_or_leave_the_turn_to_silence() -> None:
     # unfinished words: however finished the audio sounds, the speaker may pause 2 s
     endpointer = ModelEndpointer(fusion=fusion)
     _speak(endpointer, SPEECH + [0.0] * ASKS[0])
+    assert not endpointer.holding  # asked, not answered: the silence rule for now
     assert endpointer.decide(0.99, 1, "Can you tell me.", words=0.1) == []
+    assert endpointer.holding  # what the gateway starts a held reply on
     events = _speak(endpointer, [0.0] * (round(2.0 / CHUNK_S) - ASKS[0]))
     ended = [(i, e) for i, e in events if isinstance(e, Utterance)]
     assert [e.ended_by for _, e in ended] == ["silence"]
     assert ended[0][0] == round(2.0 / CHUNK_S) - ASKS[0] - 1  # at 2.0 s, not 0.7 s
+    assert not endpointer.holding  # the turn ended: no pause held
+    # held, then the speaker goes on: nothing is held any more
+    endpointer = ModelEndpointer(fusion=fusion)
+    _speak(endpointer, SPEECH + [0.0] * ASKS[0])
+    endpointer.decide(0.99, 1, "Can you tell me.", words=0.1)
+    _speak(endpointer, [0.9])
+    assert not endpointer.holding
     # in between, both asks answered: the silence rule (0.7 s)
     endpointer = ModelEndpointer(fusion=fusion, end_silence_s=0.7)
     _speak(endpointer, SPEECH + [0.0] * ASKS[0])
     assert endpointer.decide(0.5, 1, "Where is the pool", words=0.5) == []
+    assert not endpointer.holding  # the silence rule's wait, not a hold
     _speak(endpointer, [0.0] * (ASKS[1] - ASKS[0]))
     assert endpointer.decide(0.5, 1, "Where is the pool", words=0.5) == []
     events = _speak(endpointer, [0.0] * (round(0.7 / CHUNK_S) - ASKS[1]))

@@ -266,6 +266,51 @@ def test_speech_after_a_pause_discards_the_speculative_turn(speculating_gateway:
     assert {a.turn for a in reply.audio} == {starts[0]["turn"]}
 
 
+def test_a_pause_the_words_hold_starts_the_reply_held_until_the_end_of_speech(
+    gateway: str,
+) -> None:
+    """A head, "Can you tell me", and nothing more, to the default gateway: the words doubt
+    the turn is over, so the pause is held (1.8 s), and the reply starts from the pause's transcript
+    while it runs on, in a fork, held; when the hold ends the turn, the page gets the end of
+    speech and then the reply, whole, as that turn's."""
+    from evals.clips import synthesize
+
+    audio = synthesize("Can you tell me", 1.0)
+    reply = asyncio.run(converse(_ws(gateway), audio, controls={"seed": 4}))
+    assert not reply.of("error"), reply.of("error")
+    (ended,) = [m for m in reply.of("speech_end") if m.get("ended_by")]
+    # held: the silence rule's 0.7 s would have ended it a second sooner
+    assert ended["ended_by"] == "silence" and ended["utterance_s"] > len(audio) / 16_000 + 1.2
+    (start,) = reply.of("turn_start")
+    assert start["speculative_turn"] is True and start["speculative_asr"] is True, start
+    assert reply.at["turn_start"] >= reply.at["speech_end1"]
+    assert min(reply.audio_arrived) > reply.at["speech_end1"]
+    (end,) = reply.of("turn_end")
+    assert end["reply"] and end["cancelled"] == "" and end["turn"] == start["turn"]
+    assert {a.turn for a in reply.audio} == {start["turn"]}
+    assert reply.of("session"), "the conversation goes on in the confirmed fork"
+
+
+def test_speech_after_a_held_pause_discards_the_reply_started_there(gateway: str) -> None:
+    """A head, 1 s of silence, the rest ("Can you tell me" ... "where the nearest train
+    station is"): the reply started at the held pause is discarded when the speaker goes
+    on; the page sees one turn (its number after the discarded one's), which heard both
+    halves."""
+    from evals.clips import synthesize
+
+    head, rest = "Can you tell me", "where the nearest train station is?"
+    pause = np.zeros(16_000, np.float32)
+    audio = np.concatenate([synthesize(head, 1.0), pause, synthesize(rest, 1.0)])
+    reply = asyncio.run(converse(_ws(gateway), audio, controls={"seed": 5}))
+    assert not reply.of("error"), reply.of("error")
+    starts, ends = reply.of("turn_start"), reply.of("turn_end")
+    assert len(starts) == 1 and len(ends) == 1 and ends[0]["cancelled"] == "", (starts, ends)
+    assert starts[0]["turn"] >= 2, "no reply was started at the held pause"
+    (transcript,) = reply.of("transcript")
+    assert wer(f"{head} {rest}", transcript["text"]) < 0.25, transcript
+    assert {a.turn for a in reply.audio} == {starts[0]["turn"]}
+
+
 def test_barge_in_stops_the_reply_and_the_next_turn_answers(gateway: str) -> None:
     """Speaking over the avatar: the page is told to stop at once, the turn is cancelled on
     the server, and the new question gets its own answer. The first question asks for a

@@ -94,7 +94,10 @@ def test_a_pause_that_was_not_the_end_discards_its_held_turn() -> None:
             held.append((text, prefix_tokens))
             return f"turn {len(held)}"
 
-        hearing = _hearing(triton, PassBudget(), socket, hold=hold, discard=discarded.append)
+        hearing = _hearing(
+            triton, PassBudget(), socket, hold=hold, hold_every_pause=True,
+            discard=discarded.append,
+        )  # fmt: skip
         hearing.paused(_speech(30))
         await asyncio.sleep(0.01)
         hearing.drop()  # the speaker went on
@@ -103,6 +106,42 @@ def test_a_pause_that_was_not_the_end_discards_its_held_turn() -> None:
         return held, discarded, await hearing.end()
 
     held, discarded, heard = asyncio.run(scenario())
+    assert held == [("Hello there.", 0)] * 2 and discarded == ["turn 1"]
+    assert heard is not None and heard.turn == "turn 2"
+
+
+def test_a_held_turn_starts_only_when_asked_at_a_pause_with_a_transcript() -> None:
+    """The default (`speculate_held`): no turn at the pause itself; `hold_turn()` (the
+    end-of-turn models held the pause) starts one from its transcript, once; none before
+    the pass is done; a pause that was not the end discards it."""
+
+    async def scenario():
+        triton, socket = FakeTriton(), Socket()
+        triton.asr_go.clear()
+        held, discarded = [], []
+
+        def hold(text: str, prefix_tokens: int) -> str:
+            held.append((text, prefix_tokens))
+            return f"turn {len(held)}"
+
+        hearing = _hearing(triton, PassBudget(), socket, hold=hold, discard=discarded.append)
+        hearing.hold_turn()  # no pause yet
+        hearing.paused(_speech(30))
+        await asyncio.sleep(0.01)
+        hearing.hold_turn()  # its pass is still running: no transcript to start from
+        triton.asr_go.set()
+        await asyncio.sleep(0.01)
+        not_asked = list(held)
+        hearing.hold_turn()
+        hearing.hold_turn()  # asked again in the same pause (the second ask)
+        hearing.drop()  # the speaker went on
+        hearing.paused(_speech(60))
+        await asyncio.sleep(0.01)
+        hearing.hold_turn()
+        return not_asked, held, discarded, await hearing.end()
+
+    not_asked, held, discarded, heard = asyncio.run(scenario())
+    assert not_asked == []
     assert held == [("Hello there.", 0)] * 2 and discarded == ["turn 1"]
     assert heard is not None and heard.turn == "turn 2"
 

@@ -216,13 +216,8 @@ class Hearing:
         """The end-of-turn models hold the current pause (its words may go on): start the
         reply from the pause's transcript now, held until the end of speech is confirmed,
         unless one was started already or there is no transcript yet."""
-        task = self.at_pause
-        if self.hold is None or task is None or not task.done() or task.cancelled():
-            return
-        if task.exception() is not None:
-            return  # the failure is logged where the turn takes the pass
-        result = task.result()
-        if result.text and result.turn is None:
+        result = _finished(self.at_pause)
+        if self.hold is not None and result is not None and result.text and result.turn is None:
             result.turn = self.hold(result.text, result.prefix_tokens)
 
     async def pause_heard(self) -> AtPause | None:
@@ -249,8 +244,9 @@ class Hearing:
         if not at_pause.done():
             at_pause.cancel()
             return
-        if not at_pause.cancelled() and at_pause.exception() is None and at_pause.result().turn:
-            self.discard(at_pause.result().turn)
+        result = _finished(at_pause)
+        if result is not None and result.turn:
+            self.discard(result.turn)
 
     def end(self) -> Awaitable[AtPause | None]:
         """The end of speech is confirmed: from now on the pause's pass sends no caption.
@@ -274,3 +270,11 @@ class Hearing:
         self.drop()
         if self.task is not None:
             self.task.cancel()
+
+
+def _finished(task: asyncio.Task | None) -> AtPause | None:
+    """What a pause's pass gave, if it has finished without failing (a failure is logged
+    where the turn takes the pass); None while it runs, or when it was dropped or failed."""
+    if task is None or not task.done() or task.cancelled() or task.exception() is not None:
+        return None
+    return task.result()

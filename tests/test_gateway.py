@@ -270,9 +270,9 @@ def test_a_pause_the_words_hold_starts_the_reply_held_until_the_end_of_speech(
     gateway: str,
 ) -> None:
     """A head, "Can you tell me", and nothing more, to the default gateway: the words doubt
-    the turn is over, so the pause is held (1.8 s), and the reply starts from the pause's transcript
-    while it runs on, in a fork, held; when the hold ends the turn, the page gets the end of
-    speech and then the reply, whole, as that turn's."""
+    the turn is over, so the pause is held (1.8 s), and the reply starts from the pause's
+    transcript while it runs on, in a fork, held; when the hold ends the turn, the page gets
+    the end of speech and then the reply, whole, as that turn's."""
     from evals.clips import synthesize
 
     audio = synthesize("Can you tell me", 1.0)

@@ -5,6 +5,7 @@ budget of passes shared by sessions. No server."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import numpy as np
 from test_gateway_turns import FakeTriton, Socket
@@ -22,6 +23,17 @@ def _speech(chunks: int) -> np.ndarray:
 def _hearing(triton: FakeTriton, budget: PassBudget, socket: Socket, **options) -> Hearing:
     options = {"every_s": 1.0, "detect_language_s": 0.0, **options}
     return Hearing(triton.transcribe, budget, socket.send_json, **options)
+
+
+def _holder() -> tuple[list[tuple[str, int]], Callable[[str, int], str]]:
+    """(what was held, a `hold` that records each (text, prefix tokens) as "turn N")."""
+    held: list[tuple[str, int]] = []
+
+    def hold(text: str, prefix_tokens: int) -> str:
+        held.append((text, prefix_tokens))
+        return f"turn {len(held)}"
+
+    return held, hold
 
 
 async def _speak(hearing: Hearing, chunks: int) -> None:
@@ -88,12 +100,7 @@ def test_passes_agree_on_a_prefix_that_the_pause_starts_from() -> None:
 def test_a_pause_that_was_not_the_end_discards_its_held_turn() -> None:
     async def scenario():
         triton, socket = FakeTriton(), Socket()
-        held, discarded = [], []
-
-        def hold(text: str, prefix_tokens: int) -> str:
-            held.append((text, prefix_tokens))
-            return f"turn {len(held)}"
-
+        (held, hold), discarded = _holder(), []
         hearing = _hearing(
             triton, PassBudget(), socket, hold=hold, hold_every_pause=True,
             discard=discarded.append,
@@ -118,12 +125,7 @@ def test_a_held_turn_starts_only_when_asked_at_a_pause_with_a_transcript() -> No
     async def scenario():
         triton, socket = FakeTriton(), Socket()
         triton.asr_go.clear()
-        held, discarded = [], []
-
-        def hold(text: str, prefix_tokens: int) -> str:
-            held.append((text, prefix_tokens))
-            return f"turn {len(held)}"
-
+        (held, hold), discarded = _holder(), []
         hearing = _hearing(triton, PassBudget(), socket, hold=hold, discard=discarded.append)
         hearing.hold_turn()  # no pause yet
         hearing.paused(_speech(30))
